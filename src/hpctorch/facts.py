@@ -1,0 +1,60 @@
+"""What this host looks like: the only I/O that planning needs, gathered in one place."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from . import devices, network
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """Inputs to ``make_plan`` read from this host; tests build them by hand."""
+
+    hostname: str
+    interfaces: tuple[network.Interface, ...]
+    env: Mapping[str, str]
+    gpus: tuple[str, ...] = ()
+    cpus: int = 1
+    default_route: str | None = None
+    pid: int = 0
+    spare_port: int = 0
+    """A port free on loopback when gathered, for one-machine runs that need one."""
+    resolved: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Addresses that host names resolved to (the master's, when not this node)."""
+
+
+def resolve(host: str) -> tuple[str, ...]:
+    """Every address ``host`` resolves to here, IPv4 first; empty when it does not."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return ()
+    addresses = dict.fromkeys(str(info[4][0]) for info in infos)
+    return tuple(sorted(addresses, key=lambda a: ":" in a))
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def gather(env: Mapping[str, str] | None = None, resolve_hosts: Iterable[str] = ()) -> HostFacts:
+    """Read this host's facts; ``resolve_hosts`` are names to look up in DNS/hosts."""
+    env = dict(os.environ if env is None else env)
+    return HostFacts(
+        hostname=socket.gethostname(),
+        interfaces=tuple(network.list_interfaces()),
+        env=env,
+        gpus=devices.visible_gpus(env),
+        cpus=usable_cpus(),
+        default_route=network.default_route_interface(),
+        pid=os.getpid(),
+        spare_port=network.free_port(),
+        resolved={host: resolve(host) for host in resolve_hosts},
+    )

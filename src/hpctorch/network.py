@@ -1,0 +1,196 @@
+"""Network interfaces, the choice of one for the job, and master ports."""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import ipaddress
+import socket
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .errors import HpctorchError
+
+# Fast fabrics first: Slingshot (hsn), InfiniBand (ib), Omni-Path (hfi/opa),
+# Aries (ipogif); then ordinary Ethernet names. Management names come last.
+FABRIC_PREFERENCE: tuple[str, ...] = ("hsn*", "ib*", "hfi*", "opa*", "ipogif*", "bond*")
+MANAGEMENT_HINTS: tuple[str, ...] = ("nmn*", "mgmt*", "docker*", "virbr*", "veth*", "br-*")
+
+# Job-derived master ports live below Linux's ephemeral range (32768-60999), so an
+# OS-assigned port of another program never takes them, and above the registered
+# services most sites run. Consecutive job ids get ports PORT_STEP_SLOTS apart, so
+# 1250 consecutive jobs never share a port, and each job's steps have their own.
+PORT_BASE = 20000
+PORT_SPAN = 10000
+PORT_STEP_SLOTS = 8
+
+
+@dataclass(frozen=True)
+class Interface:
+    """One network interface with its addresses."""
+
+    name: str
+    ipv4: tuple[ipaddress.IPv4Interface, ...] = ()
+    ipv6: tuple[ipaddress.IPv6Interface, ...] = ()
+    is_up: bool = True
+
+    @property
+    def is_loopback(self) -> bool:
+        return any(a.ip.is_loopback for a in self.ipv4 + self.ipv6)  # type: ignore[operator]
+
+    @property
+    def address(self) -> str | None:
+        """The address peers should use: the first IPv4, else the first global IPv6."""
+        if self.ipv4:
+            return str(self.ipv4[0].ip)
+        for addr in self.ipv6:
+            if not addr.ip.is_link_local:
+                return str(addr.ip)
+        return None
+
+    def reaches(self, address: str) -> bool:
+        """True when ``address`` lies in one of this interface's subnets."""
+        ip = ipaddress.ip_address(address)
+        return any(ip in a.network for a in self.ipv4 + self.ipv6)  # type: ignore[operator]
+
+    def describe(self) -> str:
+        addrs = ", ".join(str(a) for a in self.ipv4 + self.ipv6) or "no address"  # type: ignore[operator]
+        return f"{self.name} ({addrs}{'' if self.is_up else ', down'})"
+
+
+def list_interfaces() -> list[Interface]:
+    """This host's interfaces, from psutil."""
+    import psutil
+
+    stats = psutil.net_if_stats()
+    result = []
+    for name, addrs in psutil.net_if_addrs().items():
+        v4, v6 = [], []
+        for a in addrs:
+            if a.family == socket.AF_INET and a.netmask:
+                v4.append(ipaddress.IPv4Interface(f"{a.address}/{a.netmask}"))
+            elif a.family == socket.AF_INET6 and a.netmask:
+                prefix = bin(int(ipaddress.IPv6Address(a.netmask))).count("1")
+                v6.append(ipaddress.IPv6Interface(f"{a.address.split('%')[0]}/{prefix}"))
+        up = stats[name].isup if name in stats else False
+        result.append(Interface(name, tuple(v4), tuple(v6), up))
+    return sorted(result, key=lambda i: i.name)
+
+
+def _match_spec(spec: str, interfaces: Sequence[Interface]) -> list[Interface]:
+    if "/" in spec:
+        try:
+            network = ipaddress.ip_network(spec, strict=False)
+        except ValueError:
+            raise HpctorchError(
+                f"--iface {spec!r} is neither an interface name, a glob nor a CIDR",
+                "use e.g. --iface hsn0, --iface 'ib*' or --iface 10.1.0.0/16",
+            ) from None
+        return [i for i in interfaces if any(a.ip in network for a in i.ipv4 + i.ipv6)]  # type: ignore[operator]
+    return [i for i in interfaces if fnmatch.fnmatchcase(i.name, spec)]
+
+
+def _usable(interface: Interface) -> bool:
+    return interface.is_up and interface.address is not None
+
+
+def _names(interfaces: Iterable[Interface]) -> str:
+    return ", ".join(i.describe() for i in interfaces) or "none"
+
+
+def choose_interface(
+    spec: str | None,
+    interfaces: Sequence[Interface],
+    peers: Sequence[str] = (),
+    default_route: str | None = None,
+) -> tuple[Interface, str]:
+    """The interface for this job and the reason it was chosen.
+
+    ``spec`` is the user's ``--iface`` (name, glob or CIDR). Without it: an
+    interface whose subnet holds the ``peers`` addresses, else a fast fabric,
+    else the one carrying the default route, else the first non-loopback one.
+    """
+    if spec:
+        matches = [i for i in _match_spec(spec, interfaces) if _usable(i)]
+        if not matches:
+            raise HpctorchError(
+                f"no interface that is up and has an address matches --iface {spec!r}",
+                f"choose one of: {_names(i for i in interfaces if _usable(i))}",
+            )
+        return matches[0], f"--iface {spec}"
+    candidates = [i for i in interfaces if _usable(i) and not i.is_loopback]
+    if peers:
+        reaching = [i for i in candidates if all(i.reaches(p) for p in peers)]
+        if reaching:
+            return reaching[0], f"its subnet holds the other nodes' addresses ({', '.join(peers)})"
+    for pattern in FABRIC_PREFERENCE:
+        for interface in candidates:
+            if fnmatch.fnmatchcase(interface.name, pattern):
+                return interface, f"fast fabric (matches {pattern})"
+    for interface in candidates:
+        if interface.name == default_route:
+            return interface, "carries the default route"
+    others = [i for i in candidates if not any(fnmatch.fnmatchcase(i.name, p) for p in MANAGEMENT_HINTS)]
+    if others or candidates:
+        return (others or candidates)[0], "first interface that is up with an address"
+    raise HpctorchError(
+        "no network interface other than loopback is up with an address",
+        "bring the cluster network up, or run on one node (which uses loopback)",
+    )
+
+
+def loopback(interfaces: Sequence[Interface]) -> Interface:
+    for interface in interfaces:
+        if interface.is_loopback and interface.is_up:
+            return interface
+    return Interface("lo", (ipaddress.IPv4Interface("127.0.0.1/8"),))
+
+
+def default_route_interface(route_table: str = "/proc/net/route") -> str | None:
+    """The interface of the IPv4 default route, from the kernel's table."""
+    try:
+        with open(route_table, encoding="ascii") as table:
+            next(table, None)
+            for line in table:
+                fields = line.split()
+                if len(fields) > 2 and fields[1] == "00000000":
+                    return fields[0]
+    except OSError:
+        return None
+    return None
+
+
+def derive_port(job_id: str, step_id: str | None = None) -> int:
+    """A master port for a job, the same on every node, distinct for nearby job ids."""
+    digits = "".join(c for c in job_id if c.isdigit())
+    key = int(digits) if digits and len(digits) < 18 else zlib.crc32(job_id.encode())
+    step_digits = "".join(c for c in (step_id or "") if c.isdigit())
+    step = int(step_digits) % PORT_STEP_SLOTS if step_digits else 0
+    return PORT_BASE + (key * PORT_STEP_SLOTS + step) % PORT_SPAN
+
+
+def port_is_free(address: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``address`` right now."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # TCPStore sets SO_REUSEADDR too, so TIME_WAIT leftovers don't count as busy.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            if exc.errno == errno.EADDRNOTAVAIL:
+                # Not our address: only the master can check its own port.
+                return True
+            raise
+    return True
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    """A port the OS reports free on ``address`` now."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])

@@ -1,0 +1,514 @@
+"""The decision: Allocation + options + host facts -> Plan. Pure; nothing is started."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+
+from . import hostlist, network
+from .allocation import Allocation
+from .errors import HpctorchError
+from .facts import HostFacts
+
+MODES = ("auto", "per-node", "per-task")
+DEFAULT_RDZV_TIMEOUT_S = 300
+ROLE = "default"  # torchrun's role name, so ROLE_NAME matches a torchrun job
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for; None means "decide for me"."""
+
+    nproc_per_node: int | None = None
+    nnodes: int | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    iface: str | None = None
+    mode: str = "auto"
+    simulate_nodes: int | None = None
+    max_restarts: int = 0
+    rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT_S
+    run_id: str | None = None
+    command: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One training process this machine will run, with its exact environment."""
+
+    node_rank: int
+    local_rank: int
+    rank: int
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What hpctorch will do. ``master_port`` 0 means the rendezvous binds a free one."""
+
+    mode: str
+    scheduler: str
+    job_id: str | None
+    nodes: tuple[str, ...]
+    node_rank: int
+    nproc_per_node: tuple[int, ...]
+    master_addr: str
+    master_port: int
+    rdzv_backend: str
+    rdzv_timeout: int
+    run_id: str
+    iface: str | None
+    simulated: bool
+    max_restarts: int
+    workers: tuple[Worker, ...]
+    launcher_env: Mapping[str, str]
+    """Variables the launcher adds to the environment it passes on to the workers."""
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] = ()
+    """The full argv of each worker, interpreter included."""
+    node_plans: tuple["Plan", ...] = ()
+    """With simulated nodes: the plan each simulated node's agent runs."""
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nproc_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.nproc_per_node)
+
+    @property
+    def is_master(self) -> bool:
+        return self.node_rank == 0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(nnodes=self.nnodes, world_size=self.world_size)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Plan":
+        """The inverse of ``to_dict``, for handing a plan to another process."""
+        data = {k: v for k, v in data.items() if k not in ("nnodes", "world_size")}
+        for key in ("nodes", "nproc_per_node", "command"):
+            data[key] = tuple(data[key])
+        data["workers"] = tuple(Worker(**w) for w in data["workers"])
+        data["node_plans"] = tuple(cls.from_dict(p) for p in data["node_plans"])
+        return cls(**data)
+
+    def table(self, explain: bool = False) -> str:
+        """A human-readable summary: decision, value, reason."""
+        port = str(self.master_port) if self.master_port else "(a free port bound at start)"
+        nodes = hostlist.compress(self.nodes) if self.nodes else "(not named by the launcher)"
+        sizes = sorted(set(self.nproc_per_node))
+        per_node = str(sizes[0]) if len(sizes) == 1 else ",".join(map(str, self.nproc_per_node))
+        rows = [
+            ("scheduler", self.scheduler + (f" job {self.job_id}" if self.job_id else ""), "scheduler"),
+            ("mode", self.mode + (" (simulated nodes)" if self.simulated else ""), "mode"),
+            ("nodes", f"{self.nnodes}: {nodes}", "nodes"),
+            ("node rank", f"{self.node_rank} of {self.nnodes}", "node_rank"),
+            ("processes", f"{per_node} per node, world size {self.world_size}", "nproc_per_node"),
+            ("master", self.master_addr, "master_addr"),
+            ("port", port, "master_port"),
+            ("interface", self.iface or "(left to torch)", "iface"),
+            ("rendezvous", f"{self.rdzv_backend}, timeout {self.rdzv_timeout} s", "rdzv_backend"),
+            ("command", shlex.join(self.command) if self.command else "(none given)", ""),
+        ]
+        lines = ["hpctorch plan"]
+        for label, value, key in rows:
+            reason = self.reasons.get(key, "")
+            line = f"  {label:<11} {value}"
+            if reason:
+                line = f"{line:<46}  <- {reason}"
+            lines.append(line)
+            if explain and key in self.sources:
+                lines.append(f"  {'':<11}   from {self.sources[key]}")
+        if self.launcher_env:
+            lines.append("added to every worker's environment:")
+            lines.extend(f"  {k}={v}" for k, v in sorted(self.launcher_env.items()))
+        lines.append(f"workers on this machine ({len(self.workers)}):")
+        for worker in self.workers:
+            own = " ".join(f"{k}={v}" for k, v in sorted(worker.env.items()) if k not in self.launcher_env)
+            lines.append(f"  rank {worker.rank}: {own or '(environment left as it is)'}")
+        return "\n".join(lines)
+
+
+def _nested_launch_error(tasks: int, nproc: int, scheduler: str) -> HpctorchError:
+    return HpctorchError(
+        f"nested launch: {scheduler} already started {tasks} tasks on this node and "
+        f"--nproc-per-node {nproc} would make each start {nproc}, {tasks} x {nproc} = "
+        f"{tasks * nproc} processes",
+        "drop --nproc-per-node (each task is one rank), or launch one task per node "
+        "(srun --ntasks-per-node=1, mpirun --map-by ppr:1:node)",
+    )
+
+
+def _resolve_mode(allocation: Allocation, options: Options) -> tuple[str, str]:
+    if options.mode not in MODES:
+        raise HpctorchError(f"unknown mode {options.mode!r}", f"use one of {', '.join(MODES)}")
+    tasks = allocation.tasks_on_this_node
+    if options.mode == "per-node" and tasks > 1:
+        raise _nested_launch_error(tasks, options.nproc_per_node or 1, allocation.scheduler)
+    if options.mode != "auto":
+        return options.mode, f"--mode {options.mode}"
+    if allocation.launched_ranks:
+        return "per-task", f"{allocation.scheduler} already started every rank"
+    if tasks > 1:
+        return "per-task", f"{allocation.scheduler} started {tasks} tasks on this node, one per rank"
+    return "per-node", "one launcher on this node starts the workers"
+
+
+def _check_nnodes(allocation: Allocation, options: Options) -> int:
+    nnodes = options.nnodes if options.nnodes is not None else allocation.nnodes
+    if nnodes < 1:
+        raise HpctorchError(f"--nnodes {nnodes} is not a node count", "give --nnodes 1 or more")
+    if options.nnodes is not None and allocation.scheduler != "local" and options.nnodes != allocation.nnodes:
+        raise HpctorchError(
+            f"--nnodes {options.nnodes} contradicts {allocation.scheduler}, which granted "
+            f"{allocation.nnodes} node(s)",
+            "drop --nnodes; hpctorch reads the node count from the scheduler",
+        )
+    return nnodes
+
+
+def _node_rank(allocation: Allocation, options: Options, nnodes: int) -> tuple[int, str]:
+    if options.node_rank is not None:
+        rank, why = options.node_rank, "--node-rank"
+    elif allocation.scheduler != "local" and allocation.node_index is not None:
+        rank, why = allocation.node_index, f"from {allocation.scheduler}"
+    elif nnodes == 1:
+        rank, why = 0, "single node"
+    else:
+        raise HpctorchError(
+            f"--nnodes {nnodes} but nothing tells this node's rank: no scheduler allocation "
+            "was found and --node-rank was not given",
+            "run under a scheduler (srun, mpirun, ...), pass --hostfile, or give --node-rank "
+            "and --master-addr on every node",
+        )
+    if not 0 <= rank < nnodes:
+        raise HpctorchError(f"node rank {rank} is out of range for {nnodes} node(s)", "give --node-rank 0.." + str(nnodes - 1))
+    return rank, why
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:
+    """Decide how to run ``options.command`` on ``allocation``; raises HpctorchError."""
+    reasons: dict[str, str] = {}
+    sources = {k: v for k, v in allocation.sources.items()}
+    if options.nproc_per_node is not None and options.nproc_per_node < 1:
+        raise HpctorchError(f"--nproc-per-node {options.nproc_per_node} starts nothing", "give 1 or more")
+
+    if options.simulate_nodes is not None:
+        return _simulated_plan(allocation, options, facts)
+
+    mode, reasons["mode"] = _resolve_mode(allocation, options)
+    nnodes = _check_nnodes(allocation, options)
+    if mode == "per-task":
+        if options.nproc_per_node not in (None, 1):
+            raise _nested_launch_error(allocation.tasks_on_this_node, options.nproc_per_node, allocation.scheduler)
+        nproc_per_node = allocation.tasks_per_node
+        node_rank = allocation.node_index or 0
+        reasons["node_rank"] = f"from {allocation.scheduler}"
+        reasons["nproc_per_node"] = f"tasks {allocation.scheduler} started per node"
+    else:
+        node_rank, reasons["node_rank"] = _node_rank(allocation, options, nnodes)
+        if options.nproc_per_node is not None:
+            nproc, reasons["nproc_per_node"] = options.nproc_per_node, "--nproc-per-node"
+        elif facts.gpus:
+            nproc, reasons["nproc_per_node"] = len(facts.gpus), f"one per visible GPU ({','.join(facts.gpus)})"
+        else:
+            nproc, reasons["nproc_per_node"] = 1, "no GPU visible: one process"
+        nproc_per_node = (nproc,) * nnodes
+
+    nodes = allocation.nodes if len(allocation.nodes) == nnodes else ()
+    master_addr, iface = _master_and_iface(allocation, options, facts, nnodes, node_rank, nodes, reasons)
+    master_port = _master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)
+    rdzv_backend = "c10d" if master_port == 0 else "static"
+    reasons["rdzv_backend"] = (
+        "single node: the agent binds a free port itself (no race between jobs)"
+        if rdzv_backend == "c10d"
+        else "every node knows the master address and port"
+    )
+    run_id = _run_id(allocation, options, facts)
+    plan_fields = dict(
+        mode=mode,
+        scheduler=allocation.scheduler,
+        job_id=allocation.job_id,
+        nodes=nodes,
+        node_rank=node_rank,
+        nproc_per_node=tuple(nproc_per_node),
+        master_addr=master_addr,
+        master_port=master_port,
+        rdzv_backend=rdzv_backend,
+        rdzv_timeout=options.rdzv_timeout,
+        run_id=run_id,
+        iface=iface.name if iface and not allocation.complete else None,
+        simulated=False,
+        max_restarts=options.max_restarts,
+        reasons=reasons,
+        sources=sources,
+        command=options.command,
+    )
+    local_count = nproc_per_node[node_rank] if mode == "per-node" else 1
+    launcher_env = _launcher_env(allocation, options, facts, iface, nodes, local_count, reasons)
+    if mode == "per-task":
+        rank = allocation.task_rank if allocation.task_rank is not None else 0
+        local_rank = allocation.local_task_rank if allocation.local_task_rank is not None else 0
+        env = {} if allocation.complete else _worker_env(
+            rank, local_rank, node_rank, nproc_per_node, master_addr, master_port, launcher_env, agent=None)
+        workers = (Worker(node_rank, local_rank, rank, env),)
+    else:
+        agent = {"run_id": run_id, "max_restarts": options.max_restarts}
+        base = sum(nproc_per_node[:node_rank])
+        workers = tuple(
+            Worker(node_rank, local, base + local, _worker_env(
+                base + local, local, node_rank, nproc_per_node, master_addr, master_port,
+                launcher_env, agent=agent))
+            for local in range(nproc_per_node[node_rank])
+        )
+    return Plan(workers=workers, launcher_env=launcher_env, **plan_fields)
+
+
+def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:
+    """N node agents on this machine: each runs the plan a real node would get."""
+    count = options.simulate_nodes or 0
+    if count < 1:
+        raise HpctorchError(f"--simulate-nodes {count} simulates nothing", "give 1 or more")
+    if allocation.nnodes > 1 or allocation.launched_ranks:
+        raise HpctorchError(
+            f"--simulate-nodes runs every node on this machine, but {allocation.scheduler} "
+            f"already describes {allocation.ntasks} task(s) on {allocation.nnodes} node(s)",
+            "drop --simulate-nodes inside a multi-node job, or run it outside the job",
+        )
+    for flag, value in (("--nnodes", options.nnodes), ("--node-rank", options.node_rank), ("--master-addr", options.master_addr)):
+        if value is not None:
+            raise HpctorchError(f"{flag} contradicts --simulate-nodes", f"drop {flag}; simulated nodes are numbered 0..{count - 1}")
+    node_options = replace(
+        options,
+        simulate_nodes=None,
+        mode="per-node",
+        nnodes=count,
+        master_addr="127.0.0.1",
+        master_port=options.master_port or facts.spare_port,
+        run_id=_run_id(allocation, options, facts),
+    )
+    # Simulated nodes share this machine's CPUs and GPUs.
+    node_facts = replace(facts, cpus=max(1, facts.cpus // count), gpus=facts.gpus[: len(facts.gpus) // count])
+    node_plans = tuple(
+        make_plan(allocation, replace(node_options, node_rank=rank), node_facts) for rank in range(count)
+    )
+    first = node_plans[0]
+    reasons = dict(first.reasons)
+    reasons.update(
+        mode=f"{count} node agents on this machine, each its own node rank",
+        node_rank="simulated nodes are numbered 0.." + str(count - 1),
+        master_addr="simulated nodes share loopback",
+        master_port="--master-port" if options.master_port else "a port free on loopback now",
+    )
+    return replace(
+        first,
+        simulated=True,
+        reasons=reasons,
+        workers=tuple(w for p in node_plans for w in p.workers),
+        node_plans=node_plans,
+    )
+
+
+def _master_and_iface(
+    allocation: Allocation,
+    options: Options,
+    facts: HostFacts,
+    nnodes: int,
+    node_rank: int,
+    nodes: tuple[str, ...],
+    reasons: dict[str, str],
+) -> tuple[str, network.Interface | None]:
+    """The master address and the interface this node talks on."""
+    given = options.master_addr or allocation.master_addr
+    given_why = "--master-addr" if options.master_addr else f"from {allocation.scheduler} (MASTER_ADDR)"
+    single = nnodes == 1
+    if single and not options.iface:
+        lo = network.loopback(facts.interfaces)
+        reasons["iface"] = "single node: loopback"
+        if given and not _is_loopback(given):
+            reasons["master_addr"] = given_why
+            return given, None
+        reasons["master_addr"] = given_why if given else "single node: loopback"
+        return given or "127.0.0.1", lo
+    if given and _is_loopback(given) and not options.iface:
+        reasons["master_addr"] = given_why
+        reasons["iface"] = "the master address is loopback"
+        return given, network.loopback(facts.interfaces)
+
+    master_host = nodes[0] if nodes else None
+    peers: tuple[str, ...] = ()
+    if given and _is_ip(given):
+        peers = (given,)
+    iface, reasons["iface"] = network.choose_interface(options.iface, facts.interfaces, peers, facts.default_route)
+    if given:
+        reasons["master_addr"] = given_why
+        if _is_ip(given) and not iface.reaches(given) and options.iface:
+            raise HpctorchError(
+                f"the master address {given} is not on {iface.describe()}",
+                "give a --master-addr on that interface's network, or another --iface",
+            )
+        return given, iface
+    if node_rank == 0:
+        address = iface.address
+        assert address is not None  # choose_interface only returns interfaces with one
+        reasons["master_addr"] = f"this node holds rank 0: its address on {iface.name}"
+        return address, iface
+    if master_host is None:
+        raise HpctorchError(
+            f"this is node {node_rank} of {nnodes} and nothing names the master",
+            "pass --master-addr (rank 0's node address), or run under a scheduler",
+        )
+    resolved = facts.resolved.get(master_host, ())
+    reaching = [a for a in resolved if iface.reaches(a)]
+    if not reaching:
+        found = ", ".join(resolved) or "nothing"
+        raise HpctorchError(
+            f"the master node {master_host} resolves to {found}, which {iface.describe()} "
+            "cannot reach (its hostname names another network)",
+            f"pass --master-addr with {master_host}'s address on {iface.name}, or --iface "
+            "for the network its name resolves on",
+        )
+    reasons["master_addr"] = f"{master_host} (node holding rank 0) resolves to it on {iface.name}"
+    return reaching[0], iface
+
+
+def _master_port(
+    allocation: Allocation,
+    options: Options,
+    facts: HostFacts,
+    nnodes: int,
+    world_size: int,
+    mode: str,
+    reasons: dict[str, str],
+) -> int:
+    if options.master_port is not None:
+        if not 0 < options.master_port < 65536:
+            raise HpctorchError(f"--master-port {options.master_port} is not a TCP port", "give a port in 1..65535")
+        reasons["master_port"] = "--master-port"
+        return options.master_port
+    if allocation.master_port is not None:
+        reasons["master_port"] = f"from {allocation.scheduler} (MASTER_PORT)"
+        return allocation.master_port
+    if allocation.job_id:
+        port = network.derive_port(allocation.job_id, allocation.step_id)
+        reasons["master_port"] = (
+            f"derived from job id {allocation.job_id}"
+            + (f" step {allocation.step_id}" if allocation.step_id else "")
+            + f" (range {network.PORT_BASE}-{network.PORT_BASE + network.PORT_SPAN - 1})"
+        )
+        return port
+    if nnodes == 1 and mode == "per-node":
+        reasons["master_port"] = "chosen by the OS when the agent binds it"
+        return 0
+    if world_size == 1:
+        reasons["master_port"] = "a port free on loopback now (world of one)"
+        return facts.spare_port
+    raise HpctorchError(
+        f"{world_size} processes must agree on a master port, and neither --master-port, "
+        "MASTER_PORT nor a job id gives one",
+        "pass --master-port (the same on every node), or export MASTER_PORT",
+    )
+
+
+def _run_id(allocation: Allocation, options: Options, facts: HostFacts) -> str:
+    if options.run_id:
+        return options.run_id
+    if allocation.job_id:
+        step = f".{allocation.step_id}" if allocation.step_id else ""
+        return f"{allocation.scheduler}-{allocation.job_id}{step}"
+    return f"{facts.hostname}-{facts.pid}"
+
+
+def _launcher_env(
+    allocation: Allocation,
+    options: Options,
+    facts: HostFacts,
+    iface: network.Interface | None,
+    nodes: tuple[str, ...],
+    local_workers: int,
+    reasons: dict[str, str],
+) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if allocation.complete:
+        reasons["iface"] = f"{allocation.scheduler} already set every variable: nothing changed"
+        return env
+    if iface is not None:
+        for var, value in (("GLOO_SOCKET_IFNAME", iface.name), ("NCCL_SOCKET_IFNAME", f"={iface.name}")):
+            if var in facts.env and not options.iface:
+                reasons[var] = f"kept {var}={facts.env[var]} from the environment"
+            else:
+                env[var] = value
+        env["HPCTORCH_IFACE"] = iface.name
+    if "OMP_NUM_THREADS" not in facts.env:
+        env["OMP_NUM_THREADS"] = str(max(1, facts.cpus // max(1, local_workers)))
+        reasons["OMP_NUM_THREADS"] = f"{facts.cpus} usable CPUs shared by {local_workers} local process(es)"
+    env["HPCTORCH_SCHEDULER"] = allocation.scheduler
+    if allocation.job_id:
+        env["HPCTORCH_JOB_ID"] = allocation.job_id
+    if nodes:
+        env["HPCTORCH_NODELIST"] = hostlist.compress(nodes)
+    return env
+
+
+def _worker_env(
+    rank: int,
+    local_rank: int,
+    node_rank: int,
+    nproc_per_node: tuple[int, ...],
+    master_addr: str,
+    master_port: int,
+    launcher_env: Mapping[str, str],
+    agent: Mapping[str, object] | None,
+) -> dict[str, str]:
+    """torchrun's worker contract; ``agent`` adds what torch's elastic agent sets."""
+    world_size = sum(nproc_per_node)
+    env = dict(launcher_env)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(nproc_per_node[node_rank]),
+        GROUP_RANK=str(node_rank),
+        GROUP_WORLD_SIZE=str(len(nproc_per_node)),
+        ROLE_NAME=ROLE,
+        ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(world_size),
+        MASTER_ADDR=master_addr,
+    )
+    if master_port:
+        env["MASTER_PORT"] = str(master_port)
+    if agent is not None:
+        env.update(
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS=str(agent["max_restarts"]),
+            TORCHELASTIC_RUN_ID=str(agent["run_id"]),
+            TORCHELASTIC_USE_AGENT_STORE="True",
+        )
+    return env

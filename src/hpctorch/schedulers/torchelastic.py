@@ -1,0 +1,72 @@
+"""A launcher that already set torch's variables: torchrun, or RANK/WORLD_SIZE by hand.
+
+Variables (torchrun's contract, docs.pytorch.org/docs/stable/elastic/run.html):
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+MASTER_PORT, TORCHELASTIC_RUN_ID (set only by torchrun's agent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..allocation import Allocation
+from ..errors import HpctorchError
+from ._parse import check_rank, env_int
+
+
+def detect(env: Mapping[str, str]) -> Allocation | None:
+    """Matches when RANK and WORLD_SIZE describe one process of a world."""
+    rank = env_int(env, "RANK")
+    world_size = env_int(env, "WORLD_SIZE", minimum=1)
+    if rank is None or world_size is None:
+        return None
+    check_rank("RANK", rank, "WORLD_SIZE", world_size)
+    local_rank = env_int(env, "LOCAL_RANK")
+    local_world_size = env_int(env, "LOCAL_WORLD_SIZE", minimum=1)
+    sources = {"task_rank": "RANK", "tasks_per_node": "WORLD_SIZE"}
+    if local_world_size is None:
+        # Without LOCAL_WORLD_SIZE the only safe reading is one node holding all ranks
+        # when LOCAL_RANK equals RANK; otherwise the per-node count is unknowable.
+        if local_rank not in (None, rank):
+            raise HpctorchError(
+                f"LOCAL_RANK={local_rank} and RANK={rank} are set but LOCAL_WORLD_SIZE is not",
+                "export LOCAL_WORLD_SIZE (processes on this node) as torchrun does",
+            )
+        local_world_size = world_size
+    else:
+        sources["tasks_per_node"] = "WORLD_SIZE, LOCAL_WORLD_SIZE"
+    if world_size % local_world_size:
+        raise HpctorchError(
+            f"WORLD_SIZE={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size}",
+            "give every node the same number of processes, or launch with hpctorch run",
+        )
+    if local_rank is None:
+        local_rank = rank % local_world_size
+    else:
+        sources["local_task_rank"] = "LOCAL_RANK"
+    check_rank("LOCAL_RANK", local_rank, "LOCAL_WORLD_SIZE", local_world_size)
+    nnodes = world_size // local_world_size
+    node_index = env_int(env, "GROUP_RANK")
+    if node_index is None:
+        node_index = rank // local_world_size
+    else:
+        sources["node_index"] = "GROUP_RANK"
+    check_rank("GROUP_RANK", node_index, "nodes", nnodes)
+    master_port = env_int(env, "MASTER_PORT", minimum=1)
+    for key, var in (("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
+        if env.get(var):
+            sources[key] = var
+    by_torchrun = bool(env.get("TORCHELASTIC_RUN_ID"))
+    return Allocation(
+        scheduler="torchrun" if by_torchrun else "env",
+        tasks_per_node=(local_world_size,) * nnodes,
+        job_id=env.get("TORCHELASTIC_RUN_ID") or None,
+        task_rank=rank,
+        node_index=node_index,
+        local_task_rank=local_rank,
+        master_addr=env.get("MASTER_ADDR") or None,
+        master_port=master_port,
+        launched_ranks=True,
+        complete=by_torchrun and bool(env.get("MASTER_ADDR")) and master_port is not None,
+        sources=sources,
+    )

@@ -1,0 +1,55 @@
+"""Interface choice and master ports."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from hpctorch import network
+from hpctorch.errors import HpctorchError
+
+from .helpers import HSN, LO, MGMT, iface
+
+
+def test_fabric_beats_default_route_and_peers_beat_plain_ethernet() -> None:
+    assert network.choose_interface(None, (LO, MGMT, HSN), (), "mgmt0")[0] is HSN
+    eth0, eth1 = iface("eth0", "10.0.0.5/24"), iface("eth1", "198.18.1.5/24")
+    chosen, why = network.choose_interface(None, (LO, eth0, eth1), ("198.18.1.9",), "eth0")
+    assert chosen is eth1 and "198.18.1.9" in why
+    assert network.choose_interface(None, (LO, eth0, eth1), (), "eth1")[0] is eth1
+
+
+def test_down_interfaces_and_loopback_are_never_chosen() -> None:
+    down = iface("hsn0", "198.18.0.9/24", up=False)
+    with pytest.raises(HpctorchError, match="no network interface"):
+        network.choose_interface(None, (LO, down), (), None)
+    with pytest.raises(HpctorchError, match="hsn0"):
+        network.choose_interface("hsn0", (LO, down), (), None)
+
+
+def test_malformed_cidr_is_a_clear_error() -> None:
+    with pytest.raises(HpctorchError, match="CIDR"):
+        network.choose_interface("10.0.0.0/99", (LO, HSN), (), None)
+
+
+def test_derived_ports_are_stable_in_range_and_distinct_for_nearby_jobs() -> None:
+    ports = {network.derive_port(str(job)) for job in range(100000, 101250)}
+    assert len(ports) == 1250
+    assert all(network.PORT_BASE <= p < network.PORT_BASE + network.PORT_SPAN for p in ports)
+    assert network.derive_port("123", "0") != network.derive_port("123", "1")
+    assert network.derive_port("f2Ab3") == network.derive_port("f2Ab3")
+
+
+def test_port_is_free_sees_a_listening_socket() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert not network.port_is_free("", port)
+    assert network.port_is_free("", port)
+
+
+def test_this_host_lists_loopback() -> None:
+    names = {i.name: i for i in network.list_interfaces()}
+    assert any(i.is_loopback and i.address == "127.0.0.1" for i in names.values())

@@ -1,0 +1,168 @@
+"""make_plan: every field, for the environments users meet."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpctorch.allocation import Allocation
+from hpctorch.errors import HpctorchError
+from hpctorch.plan import Options, Plan, make_plan
+from hpctorch.schedulers import detect
+
+from .helpers import facts
+
+PY = ("python", "-u", "train.py")
+
+
+def local(host: str = "node2") -> Allocation:
+    return Allocation(scheduler="local", nodes=(host,), tasks_per_node=(1,), task_rank=0, node_index=0, local_task_rank=0)
+
+
+def test_single_node_default_is_one_worker_on_loopback_with_os_chosen_port() -> None:
+    plan = make_plan(local(), Options(command=PY), facts())
+    assert plan.mode == "per-node"
+    assert (plan.nnodes, plan.node_rank, plan.nproc_per_node, plan.world_size) == (1, 0, (1,), 1)
+    assert (plan.master_addr, plan.master_port, plan.rdzv_backend) == ("127.0.0.1", 0, "c10d")
+    assert plan.iface == "lo"
+    assert plan.launcher_env == {
+        "GLOO_SOCKET_IFNAME": "lo",
+        "NCCL_SOCKET_IFNAME": "=lo",
+        "HPCTORCH_IFACE": "lo",
+        "OMP_NUM_THREADS": "8",
+        "HPCTORCH_SCHEDULER": "local",
+        "HPCTORCH_NODELIST": "node2",
+    }
+    (worker,) = plan.workers
+    assert worker.env["RANK"] == "0" and worker.env["WORLD_SIZE"] == "1"
+    assert "MASTER_PORT" not in worker.env  # the agent binds it, then tells the workers
+    assert plan.command == PY
+
+
+def test_one_worker_per_visible_gpu_by_default() -> None:
+    plan = make_plan(local(), Options(command=PY), facts(gpus=("0", "1", "2", "3")))
+    assert plan.nproc_per_node == (4,)
+    assert [w.env["LOCAL_RANK"] for w in plan.workers] == ["0", "1", "2", "3"]
+    assert plan.launcher_env["OMP_NUM_THREADS"] == "2"
+    assert "visible GPU" in plan.reasons["nproc_per_node"]
+
+
+def test_explicit_multi_node_flags_like_torchrun() -> None:
+    options = Options(nnodes=2, node_rank=1, nproc_per_node=2, master_addr="198.18.0.1", master_port=29400, command=PY)
+    plan = make_plan(local(), options, facts())
+    assert (plan.mode, plan.nnodes, plan.node_rank, plan.world_size) == ("per-node", 2, 1, 4)
+    assert (plan.master_addr, plan.master_port, plan.rdzv_backend) == ("198.18.0.1", 29400, "static")
+    assert plan.iface == "hsn0"  # a fast fabric beats the default-route management net
+    assert [w.rank for w in plan.workers] == [2, 3]
+    env = plan.workers[1].env
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4", "MASTER_ADDR": "198.18.0.1", "MASTER_PORT": "29400",
+    }
+    assert env["GLOO_SOCKET_IFNAME"] == "hsn0" and env["NCCL_SOCKET_IFNAME"] == "=hsn0"
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+
+
+def test_master_node_advertises_its_fabric_address() -> None:
+    plan = make_plan(local(), Options(nnodes=2, node_rank=0, master_port=29400, command=PY), facts())
+    assert plan.master_addr == "198.18.0.2"
+    assert "rank 0" in plan.reasons["master_addr"]
+
+
+def test_iface_by_cidr_and_glob() -> None:
+    for spec in ("198.19.0.0/16", "mgmt*", "mgmt0"):
+        plan = make_plan(local(), Options(nnodes=2, node_rank=0, master_port=1, iface=spec, command=PY), facts())
+        assert plan.iface == "mgmt0" and plan.master_addr == "198.19.0.2", spec
+
+
+def test_unknown_iface_lists_the_choices() -> None:
+    with pytest.raises(HpctorchError) as error:
+        make_plan(local(), Options(nnodes=2, node_rank=0, master_port=1, iface="eth9", command=PY), facts())
+    assert "eth9" in error.value.cause and "hsn0 (198.18.0.2/24)" in error.value.fix
+
+
+def test_multi_node_without_node_rank_is_refused() -> None:
+    with pytest.raises(HpctorchError) as error:
+        make_plan(local(), Options(nnodes=2, command=PY), facts())
+    assert "--nnodes 2" in error.value.cause and "--node-rank" in error.value.fix
+
+
+def test_worker_node_without_master_address_is_refused() -> None:
+    with pytest.raises(HpctorchError, match="nothing names the master"):
+        make_plan(local(), Options(nnodes=2, node_rank=1, master_port=1, command=PY), facts())
+
+
+def test_per_task_from_torch_variables_sets_only_what_is_missing() -> None:
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "198.18.0.1", "MASTER_PORT": "1234"}
+    allocation = detect(env)
+    assert (allocation.scheduler, allocation.task_rank, allocation.node_index, allocation.tasks_per_node) == ("env", 3, 1, (2, 2))
+    plan = make_plan(allocation, Options(command=PY), facts(env=env))
+    assert (plan.mode, plan.node_rank, plan.world_size, plan.master_addr, plan.master_port) == ("per-task", 1, 4, "198.18.0.1", 1234)
+    (worker,) = plan.workers
+    assert (worker.rank, worker.local_rank) == (3, 1)
+    assert worker.env["GROUP_RANK"] == "1" and worker.env["GLOO_SOCKET_IFNAME"] == "hsn0"
+    assert "TORCHELASTIC_RUN_ID" not in worker.env  # no agent in per-task mode
+
+
+def test_under_torchrun_nothing_changes() -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "abc"}
+    plan = make_plan(detect(env), Options(command=PY), facts(env=env))
+    assert (plan.scheduler, plan.mode, plan.iface, dict(plan.launcher_env)) == ("torchrun", "per-task", None, {})
+    assert dict(plan.workers[0].env) == {}
+
+
+def test_nested_launch_is_refused_with_the_arithmetic() -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "198.18.0.1", "MASTER_PORT": "1"}
+    with pytest.raises(HpctorchError) as error:
+        make_plan(detect(env), Options(nproc_per_node=4, command=PY), facts(env=env))
+    assert "4 x 4 = 16 processes" in error.value.cause
+
+
+def test_user_interface_variables_are_kept_unless_iface_is_given() -> None:
+    user = {"NCCL_SOCKET_IFNAME": "ib0", "OMP_NUM_THREADS": "3"}
+    plan = make_plan(local(), Options(nnodes=2, node_rank=0, master_port=1, command=PY), facts(env=user))
+    assert "NCCL_SOCKET_IFNAME" not in plan.launcher_env and "OMP_NUM_THREADS" not in plan.launcher_env
+    assert plan.launcher_env["GLOO_SOCKET_IFNAME"] == "hsn0"
+    forced = make_plan(local(), Options(nnodes=2, node_rank=0, master_port=1, iface="hsn0", command=PY), facts(env=user))
+    assert forced.launcher_env["NCCL_SOCKET_IFNAME"] == "=hsn0"
+
+
+def test_simulated_nodes_are_real_node_plans_on_loopback() -> None:
+    plan = make_plan(local(), Options(simulate_nodes=2, nproc_per_node=2, command=PY), facts())
+    assert plan.simulated and (plan.nnodes, plan.world_size) == (2, 4)
+    assert [(w.node_rank, w.local_rank, w.rank) for w in plan.workers] == [(0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3)]
+    assert [p.node_rank for p in plan.node_plans] == [0, 1]
+    for node_plan in plan.node_plans:
+        assert (node_plan.master_addr, node_plan.master_port, node_plan.iface) == ("127.0.0.1", 45678, "lo")
+        assert node_plan.rdzv_backend == "static" and node_plan.run_id == plan.run_id
+        assert node_plan.launcher_env["OMP_NUM_THREADS"] == "2"  # 8 CPUs / 2 nodes / 2 workers
+
+
+def test_simulation_inside_a_multi_node_job_is_refused() -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "x", "MASTER_PORT": "1"}
+    with pytest.raises(HpctorchError, match="--simulate-nodes"):
+        make_plan(detect(env), Options(simulate_nodes=2, command=PY), facts(env=env))
+
+
+def test_master_hostname_on_the_wrong_network_is_caught() -> None:
+    allocation = Allocation(scheduler="slurm", nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="7", node_index=1)
+    trap = facts(resolved={"node1": ("198.19.0.1",)})  # management address
+    with pytest.raises(HpctorchError) as error:
+        make_plan(allocation, Options(command=PY), trap)
+    assert "node1 resolves to 198.19.0.1" in error.value.cause and "hsn0" in error.value.fix
+    good = make_plan(allocation, Options(command=PY), facts(resolved={"node1": ("198.19.0.1", "198.18.0.1")}))
+    assert (good.master_addr, good.node_rank, good.nodes) == ("198.18.0.1", 1, ("node1", "node2"))
+    assert good.master_port == 20056  # 20000 + 7 * 8, derived from the job id
+
+
+def test_plan_round_trips_through_json() -> None:
+    plan = make_plan(local(), Options(simulate_nodes=2, nproc_per_node=2, command=PY), facts())
+    again = Plan.from_dict(json.loads(plan.to_json()))
+    assert again == plan
+
+
+def test_table_shows_every_decision_with_its_reason() -> None:
+    text = make_plan(local(), Options(nnodes=2, node_rank=0, master_port=29400, command=PY), facts()).table()
+    for expected in ("per-node", "198.18.0.2", "29400", "hsn0", "fast fabric", "world size 2", "python -u train.py"):
+        assert expected in text
