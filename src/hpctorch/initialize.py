@@ -1,0 +1,82 @@
+"""``hpctorch.init()``: the process group from inside a training script."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .plan import DEFAULT_RDZV_TIMEOUT_S
+
+TORCH_CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where this process stands in the job, once the process group is up."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    backend: str
+    device: Any  # torch.device; typed loosely so this module imports without torch
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def prepare_env() -> None:
+    """Set torch's variables for this process from the detected allocation, if missing."""
+    if all(os.environ.get(k) for k in TORCH_CONTRACT):
+        return
+    from .facts import gather
+    from .plan import Options, make_plan
+    from .schedulers import detect
+
+    allocation = detect(os.environ)
+    facts = gather(os.environ, resolve_hosts=allocation.nodes[:1] if allocation.nnodes > 1 else ())
+    plan = make_plan(allocation, Options(mode="per-task"), facts)
+    os.environ.update(plan.workers[0].env)
+
+
+def init(backend: str | None = None, timeout_s: float = DEFAULT_RDZV_TIMEOUT_S) -> Context:
+    """Detect the job, set the environment, and call ``init_process_group``.
+
+    Works under ``hpctorch run``, under torchrun, under a scheduler that started
+    every rank (srun, mpirun), and as plain ``python script.py`` (a world of one).
+    The backend is nccl when CUDA is available, else gloo.
+    """
+    prepare_env()
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    node_rank = int(os.environ.get("GROUP_RANK", rank // max(1, local_world_size)))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    return Context(rank, local_rank, world_size, local_world_size, node_rank, backend, device)

@@ -1,0 +1,184 @@
+"""Acting on a Plan: per-node through torch's elastic launcher, per-task by exec."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from . import network
+from .errors import HpctorchError
+from .plan import ROLE, Plan
+
+PLAN_ENV = "HPCTORCH_AGENT_PLAN"
+STOP_GRACE_S = 5.0
+
+
+class WorkersFailed(Exception):
+    """Training processes failed; ``line`` names the first failure."""
+
+    def __init__(self, line: str, exit_code: int = 1) -> None:
+        super().__init__(line)
+        self.line = line
+        self.exit_code = exit_code
+
+
+def check_master_port(plan: Plan) -> None:
+    """On the master, a fixed port must be free before anything starts."""
+    if not plan.is_master or not plan.master_port or plan.simulated:
+        return
+    if plan.mode == "per-task" and plan.workers and plan.workers[0].rank != 0:
+        return  # rank 0 on this node binds the port, perhaps already
+    if plan.mode == "per-task" and not plan.launcher_env and plan.scheduler == "torchrun":
+        return  # torchrun's agent holds it
+    if not network.port_is_free("", plan.master_port):
+        why = plan.reasons.get("master_port", "")
+        raise HpctorchError(
+            f"master port {plan.master_port} ({why}) is already in use on this node",
+            "pass another --master-port, or stop the process that holds it (ss -ltnp)",
+        )
+
+
+def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None:
+    """Replace this process with the worker: no extra process, no torch import."""
+    env = dict(os.environ if base_env is None else base_env)
+    env.update(plan.workers[0].env)
+    try:
+        os.execvpe(plan.command[0], list(plan.command), env)
+    except OSError as exc:
+        raise HpctorchError(f"cannot start {plan.command[0]!r}: {exc.strerror}", "check the command and PATH") from None
+
+
+def _logs_specs(log_dir: str | None, tee: str | None, redirects: str | None):  # type: ignore[no-untyped-def]
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+
+    return DefaultLogsSpecs(
+        log_dir=log_dir,
+        redirects=Std.from_str(redirects or "0"),
+        tee=Std.from_str(tee or "0"),
+    )
+
+
+def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None, redirects: str | None = None) -> None:
+    """Start this node's workers with torch's elastic agent and wait for them."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    os.environ.update(plan.launcher_env)
+    if plan.rdzv_backend == "static":
+        rdzv_configs: dict[str, object] = {"rank": plan.node_rank, "timeout": plan.rdzv_timeout}
+    else:
+        rdzv_configs = {"join_timeout": plan.rdzv_timeout}
+    config = LaunchConfig(
+        min_nodes=plan.nnodes,
+        max_nodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node[plan.node_rank],
+        run_id=plan.run_id,
+        role=ROLE,
+        rdzv_endpoint=f"{plan.master_addr}:{plan.master_port}",
+        rdzv_backend=plan.rdzv_backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=plan.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        # The address rank 0 advertises under c10d; without it torch uses getfqdn(),
+        # which on many hosts resolves to 127.0.1.1 or a management network.
+        local_addr=plan.master_addr,
+        logs_specs=_logs_specs(log_dir, tee, redirects),
+    )
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    try:
+        elastic_launch(config, plan.command[0])(*plan.command[1:])
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        where = failure.error_file if os.path.exists(failure.error_file) else (log_dir or "its output above")
+        node = f" on node {plan.node_rank}" if plan.nnodes > 1 else ""
+        raise WorkersFailed(
+            f"rank {rank}{node} (local rank {failure.local_rank}) {how}; details: {where}",
+            exit_code=128 - code if code < 0 else 1,
+        ) from None
+    except SignalException as exc:
+        # The agent already stopped its workers; say so once and keep 128+signal.
+        raise WorkersFailed(f"stopped by {exc.sigval.name}", exit_code=128 + int(exc.sigval)) from None
+    except (DistError, RendezvousError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HpctorchError(
+            f"rendezvous at {plan.master_addr}:{plan.master_port or '(any)'} failed: {first}",
+            "check that every node runs the same job, that the master is reachable on "
+            f"{plan.iface or 'the chosen interface'} (hpctorch plan shows why it was chosen), "
+            "or raise --rdzv-timeout",
+        ) from None
+
+
+def run_agent_from_env() -> int:
+    """Entry point of one simulated node's agent: run the plan handed over in the env."""
+    plan = Plan.from_dict(json.loads(os.environ.pop(PLAN_ENV)))
+    log_dir = os.environ.pop("HPCTORCH_AGENT_LOG_DIR", None)
+    try:
+        run_per_node(plan, log_dir=log_dir)
+    except (HpctorchError, WorkersFailed) as exc:
+        print(f"hpctorch node {plan.node_rank}: {exc}", file=sys.stderr, flush=True)
+        return getattr(exc, "exit_code", 2)
+    return 0
+
+
+def _stop(processes: Sequence[subprocess.Popen], sig: int) -> None:
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def run_simulated(plan: Plan, log_dir: str | None = None) -> None:
+    """One agent process per simulated node; when one fails, stop them all."""
+    agents = []
+    for node_plan in plan.node_plans:
+        env = dict(os.environ)
+        env[PLAN_ENV] = json.dumps(node_plan.to_dict())
+        if log_dir:
+            env["HPCTORCH_AGENT_LOG_DIR"] = os.path.join(log_dir, f"node{node_plan.node_rank}")
+        # Each agent leads its own process group, so stopping it reaches its workers too.
+        agents.append(subprocess.Popen([sys.executable, "-m", "hpctorch.agent"], env=env, start_new_session=True))
+
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        _stop(agents, signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        failed: int | None = None
+        while True:
+            codes = [agent.poll() for agent in agents]  # poll every agent, every pass
+            if all(code is not None for code in codes):
+                break
+            if failed is None:
+                failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+                if failed is not None:
+                    _stop(agents, signal.SIGTERM)
+                    deadline = time.monotonic() + STOP_GRACE_S
+            elif time.monotonic() > deadline:
+                _stop(agents, signal.SIGKILL)
+            time.sleep(0.05)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise WorkersFailed(f"stopped by signal {received[0]}", exit_code=128 + received[0])
+    if failed is None:
+        failed = next((i for i, a in enumerate(agents) if a.returncode != 0), None)
+    if failed is not None:
+        code = agents[failed].returncode
+        raise WorkersFailed(f"simulated node {failed} failed (exit {code}); the other nodes were stopped", exit_code=code if code > 0 else 1)
