@@ -1,0 +1,58 @@
+"""Bad input: one line naming cause and fix, exit status 2, no traceback, no hang."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from ..conftest import ROOT, clean_env, hpctorch
+
+SCRIPT = str(ROOT / "tests" / "fixtures" / "report.py")
+
+
+def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) -> None:
+    done = hpctorch(*args, env=env, timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("hpctorch: error: ") and "; fix: " in lines[0]
+    assert "Traceback" not in done.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("run", "--iface", "nosuch0", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT), ("nosuch0", "lo (127.0.0.1/8")),
+        (("run", "--nnodes", "2", SCRIPT), ("--nnodes 2", "--node-rank")),
+        (("run", "missing_script.py"), ("missing_script.py", "not found")),
+        (("run", "--nnodes", "1:4", SCRIPT), ("elastic",)),
+        (("run", "--nproc-per-node", "0", SCRIPT), ("starts nothing",)),
+        (("run", "--simulate-nodes", "2", "--nnodes", "3", SCRIPT), ("--nnodes", "--simulate-nodes")),
+        (("plan", "--master-port", "70000"), ("70000",)),
+        (("hostlist", "expand", "n[1-"), ("never closed",)),
+        (("run",), ("script",)),
+    ],
+)
+def test_bad_command_lines(args: tuple[str, ...], words: tuple[str, ...]) -> None:
+    _assert_one_line(args, clean_env(), *words)
+
+
+def test_nested_launch_names_the_process_count() -> None:
+    env = clean_env(RANK="0", WORLD_SIZE="4", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999")
+    _assert_one_line(("run", "--nproc-per-node", "2", SCRIPT), env, "2 x 2 = 4 processes")
+
+
+def test_contradictory_launcher_variables() -> None:
+    _assert_one_line(("plan",), clean_env(RANK="5", WORLD_SIZE="4"), "RANK=5", "WORLD_SIZE=4")
+    _assert_one_line(("plan",), clean_env(RANK="x", WORLD_SIZE="4"), "RANK='x'")
+
+
+def test_busy_explicit_port_on_the_master() -> None:
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        _assert_one_line(("run", "--nproc-per-node", "1", "--master-port", port, SCRIPT), clean_env(), port, "already in use")

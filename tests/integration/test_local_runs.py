@@ -1,0 +1,127 @@
+"""hpctorch run / plan / init on this machine with real torch processes and gloo."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+
+from ..conftest import EXAMPLES, ROOT, clean_env, hpctorch
+from .reports import reports
+
+REPORT = str(ROOT / "tests" / "fixtures" / "report.py")
+
+
+def test_demo_two_simulated_nodes_of_two_workers_trains() -> None:
+    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "2", str(EXAMPLES / "toy_ddp.py"), "--steps", "8", env=clean_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    ranks = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in done.stdout.splitlines() if line.startswith("rank=")]
+    assert sorted(int(r["rank"]) for r in ranks) == [0, 1, 2, 3]
+    assert {r["world"] for r in ranks} == {"4"}
+    assert {(r["rank"], r["node_rank"]) for r in ranks} == {("0", "0"), ("1", "0"), ("2", "1"), ("3", "1")}
+    assert len({r["master"] for r in ranks}) == 1
+    losses = [float(x) for x in re.findall(r"^step \d+ loss (\S+)$", done.stdout, re.M)]
+    assert len(losses) == 8 and losses[-1] < losses[0]
+    assert all(b < a for a, b in zip(losses, losses[1:]))
+    assert "done world=4 steps=8" in done.stdout
+
+
+def test_workers_get_exactly_the_planned_environment() -> None:
+    args = ("--nproc-per-node", "2", "--run-id", "envcheck")
+    planned = json.loads(hpctorch("plan", "--json", *args, REPORT, env=clean_env()).stdout)
+    done = hpctorch("run", *args, REPORT, env=clean_env())
+    assert done.returncode == 0, done.stderr
+    seen = sorted(reports(done.stdout), key=lambda r: int(r["env"]["RANK"]))
+    assert len(seen) == 2
+    for worker, report in zip(planned["workers"], seen):
+        expected = {k: v for k, v in worker["env"].items()}
+        actual = {k: report["env"].get(k) for k in expected}
+        assert actual == expected
+        # The OS chose the port at start; every worker got the same one.
+        assert report["env"]["MASTER_PORT"] == seen[0]["env"]["MASTER_PORT"]
+
+
+def test_per_task_mode_execs_in_place_without_torch() -> None:
+    port = str(_free_port())
+    env = clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    process = subprocess.Popen([sys.executable, "-m", "hpctorch", "run", REPORT], env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    out, _ = process.communicate(timeout=60)
+    (report,) = reports(out)
+    assert report["pid"] == process.pid  # exec: no extra process
+    assert report["torch_loaded_at_start"] is False
+    assert report["env"]["GROUP_RANK"] == "0" and report["env"]["LOCAL_WORLD_SIZE"] == "1"
+    assert report["env"]["MASTER_PORT"] == port
+
+
+def test_module_mode_like_python_dash_m() -> None:
+    done = hpctorch("run", "--nproc-per-node", "1", "-m", "tests.fixtures.report", env=clean_env())
+    assert done.returncode == 0, done.stderr
+    assert [r["env"]["RANK"] for r in reports(done.stdout)] == ["0"]
+
+
+def test_init_as_plain_python_is_a_world_of_one() -> None:
+    done = subprocess.run([sys.executable, REPORT, "--init"], env=clean_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    (report,) = reports(done.stdout)
+    assert (report["rank"], report["world_size"], report["backend"], report["rank_sum"]) == (0, 1, "gloo", 0.0)
+
+
+def test_init_under_hpctorch_run_and_under_torchrun() -> None:
+    launchers = [
+        [sys.executable, "-m", "hpctorch", "run", "--nproc-per-node", "3"],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"],
+    ]
+    for launcher in launchers:
+        done = subprocess.run([*launcher, REPORT, "--init"], env=clean_env(), capture_output=True, text=True, timeout=180, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        seen = reports(done.stdout)
+        assert sorted(r["rank"] for r in seen) == [0, 1, 2]
+        assert {r["world_size"] for r in seen} == {3} and {r["rank_sum"] for r in seen} == {3.0}
+
+
+def test_a_failing_worker_fails_the_run_and_is_named() -> None:
+    done = hpctorch("run", "--nproc-per-node", "2", REPORT, "--exit", "3", env=clean_env())
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert re.match(r"hpctorch: rank [01] \(local rank [01]\) exited with code 3", last), last
+
+
+def test_a_failing_simulated_node_stops_the_others() -> None:
+    # Rank 1 fails at once; rank 0 on the other node would sleep 120 s.
+    started = time.monotonic()
+    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "1", REPORT, "--sleep", "120", "--fail-rank", "1", env=clean_env(), timeout=100)
+    assert time.monotonic() - started < 60
+    assert done.returncode != 0
+    assert "simulated node" in done.stderr.strip().splitlines()[-1]
+
+
+def test_thirty_two_single_node_jobs_at_once_never_collide() -> None:
+    jobs = [
+        subprocess.Popen([sys.executable, "-m", "hpctorch", "run", REPORT, "--sleep", "3"], env=clean_env(), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(32)
+    ]
+    results = [job.communicate(timeout=400) for job in jobs]
+    assert [job.returncode for job in jobs] == [0] * 32, [err[-500:] for _, err in results if err][:2]
+    ports = {reports(out)[0]["env"]["MASTER_PORT"] for out, _ in results}
+    assert len(ports) == 32
+
+
+def test_plan_never_imports_torch() -> None:
+    code = "import sys; from hpctorch.cli import main; main(['plan', '--nproc-per-node', '2']); assert 'torch' not in sys.modules, 'torch imported'"
+    done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_hostlist_commands() -> None:
+    assert hpctorch("hostlist", "expand", "nid[0009-0011]").stdout.split() == ["nid0009", "nid0010", "nid0011"]
+    assert hpctorch("hostlist", "compress", "n1", "n2,n3", "x").stdout.strip() == "n[1-3],x"
