@@ -1,0 +1,27 @@
+# make demo: set up .venv, show the plan, run a 2-node x 2-worker DDP job here (CPU).
+# make test: system packages (as root), .venv, then the whole test suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup system-deps clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 numpy
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/hpctorch run --simulate-nodes 2 --nproc-per-node 2 examples/toy_ddp.py
+
+system-deps:
+	scripts/install-system-deps
+
+test: system-deps setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis src/*.egg-info
