@@ -31,6 +31,11 @@ class Allocation:
     """The launcher itself started every training rank (per-task by nature)."""
     complete: bool = False
     """The launcher already set the whole torch environment: change nothing."""
+    submit_dir: str | None = None
+    """A directory every node of the job shares (where it was submitted from)."""
+    step_launcher: tuple[str, ...] = ()
+    """Outside any job step (a batch script on several nodes): the command prefix
+    that starts one task per node, e.g. ``srun --nodes=2 --ntasks-per-node=1``."""
     sources: Mapping[str, str] = field(default_factory=dict)
 
     @property

@@ -53,6 +53,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--max-restarts", "--max_restarts", type=int, default=0)
     add("--rdzv-timeout", type=int, default=DEFAULT_RDZV_TIMEOUT_S, metavar="S", help="seconds to wait for all nodes")
     add("--run-id", "--rdzv-id", "--rdzv_id", dest="run_id", default=None)
+    add("--rendezvous-dir", default=None, metavar="DIR", help="a directory all nodes share, to exchange the master's address (default: the job's submit directory)")
     add("--log-dir", "--log_dir", default=None, help="keep each worker's output under this directory")
     add("--tee", default=None, help="torchrun's --tee: also copy std streams to --log-dir (0-3)")
     add("--redirects", "-r", default=None, help="torchrun's --redirects (0-3)")
@@ -120,6 +121,7 @@ def _options(args: argparse.Namespace) -> Options:
         max_restarts=args.max_restarts,
         rdzv_timeout=args.rdzv_timeout,
         run_id=args.run_id,
+        rendezvous_dir=args.rendezvous_dir,
         command=_worker_command(args),
     )
 
@@ -138,13 +140,18 @@ def build_plan(args: argparse.Namespace) -> Plan:
 
 def _run(args: argparse.Namespace) -> int:
     from . import launch
+    from .rendezvous import exchange_master
 
     _check_script(args)
     plan = build_plan(args)
+    if plan.mode == "launch-step":
+        launch.exec_step(plan, args.argv)
     launch.check_master_port(plan)
+    plan = exchange_master(plan)
     if plan.mode == "per-task":
         launch.exec_per_task(plan)
-    print(plan.table(), file=sys.stderr, flush=True)
+    if plan.node_rank == 0:  # one copy per job, not one per node
+        print(plan.table(), file=sys.stderr, flush=True)
     try:
         if plan.simulated:
             launch.run_simulated(plan, log_dir=args.log_dir)
@@ -177,7 +184,9 @@ def _hostlist(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = _parser().parse_args(argv)
+        args.argv = argv
         handler = {"run": _run, "plan": _plan, "hostlist": _hostlist}[args.command]
         return handler(args)
     except HpctorchError as exc:

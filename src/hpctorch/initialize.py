@@ -41,11 +41,12 @@ def prepare_env() -> None:
         return
     from .facts import gather
     from .plan import Options, make_plan
+    from .rendezvous import exchange_master
     from .schedulers import detect
 
     allocation = detect(os.environ)
     facts = gather(os.environ, resolve_hosts=allocation.nodes[:1] if allocation.nnodes > 1 else ())
-    plan = make_plan(allocation, Options(mode="per-task"), facts)
+    plan = exchange_master(make_plan(allocation, Options(mode="per-task"), facts))
     os.environ.update(plan.workers[0].env)
 
 

@@ -53,6 +53,19 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
         raise HpctorchError(f"cannot start {plan.command[0]!r}: {exc.strerror}", "check the command and PATH") from None
 
 
+def exec_step(plan: Plan, hpctorch_argv: Sequence[str]) -> None:
+    """From a batch script: become ``srun ... hpctorch <same arguments>``, one per node."""
+    command = [*plan.step_launcher, sys.executable, "-m", "hpctorch", *hpctorch_argv]
+    print(f"hpctorch: {plan.reasons['mode']}", file=sys.stderr, flush=True)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        raise HpctorchError(
+            f"cannot start {command[0]!r} to launch the job step: {exc.strerror}",
+            f"run '{' '.join(plan.step_launcher)} hpctorch run ...' in the job script yourself",
+        ) from None
+
+
 def _logs_specs(log_dir: str | None, tee: str | None, redirects: str | None):  # type: ignore[no-untyped-def]
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 

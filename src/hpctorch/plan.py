@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -33,6 +34,7 @@ class Options:
     max_restarts: int = 0
     rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT_S
     run_id: str | None = None
+    rendezvous_dir: str | None = None
     command: tuple[str, ...] = ()
 
 
@@ -73,6 +75,11 @@ class Plan:
     """The full argv of each worker, interpreter included."""
     node_plans: tuple["Plan", ...] = ()
     """With simulated nodes: the plan each simulated node's agent runs."""
+    master_exchange: str | None = None
+    """A file in a shared directory through which node 0 tells the others its address:
+    node 0 writes it, the others wait for it (their ``master_addr`` is empty until then)."""
+    step_launcher: tuple[str, ...] = ()
+    """Mode launch-step: run re-executes itself under this command, one task per node."""
 
     @property
     def nnodes(self) -> int:
@@ -85,6 +92,11 @@ class Plan:
     @property
     def is_master(self) -> bool:
         return self.node_rank == 0
+
+    def with_master_addr(self, address: str) -> "Plan":
+        """This plan once the master's address is known (after the exchange)."""
+        workers = tuple(replace(w, env={**w.env, "MASTER_ADDR": address}) for w in self.workers)
+        return replace(self, master_addr=address, workers=workers)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -102,6 +114,7 @@ class Plan:
             data[key] = tuple(data[key])
         data["workers"] = tuple(Worker(**w) for w in data["workers"])
         data["node_plans"] = tuple(cls.from_dict(p) for p in data["node_plans"])
+        data["step_launcher"] = tuple(data["step_launcher"])
         return cls(**data)
 
     def table(self, explain: bool = False) -> str:
@@ -223,6 +236,8 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Pla
     if options.simulate_nodes is not None:
         return _simulated_plan(allocation, options, facts)
 
+    if allocation.step_launcher:
+        return _launch_step_plan(allocation, options, facts)
     mode, reasons["mode"] = _resolve_mode(allocation, options)
     nnodes = _check_nnodes(allocation, options)
     if mode == "per-task":
@@ -243,7 +258,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Pla
         nproc_per_node = (nproc,) * nnodes
 
     nodes = allocation.nodes if len(allocation.nodes) == nnodes else ()
-    master_addr, iface = _master_and_iface(allocation, options, facts, nnodes, node_rank, nodes, reasons)
+    master_addr, iface, exchange = _master_and_iface(allocation, options, facts, nnodes, node_rank, nodes, reasons)
     master_port = _master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)
     rdzv_backend = "c10d" if master_port == 0 else "static"
     reasons["rdzv_backend"] = (
@@ -270,6 +285,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Pla
         reasons=reasons,
         sources=sources,
         command=options.command,
+        master_exchange=exchange,
     )
     local_count = nproc_per_node[node_rank] if mode == "per-node" else 1
     launcher_env = _launcher_env(allocation, options, facts, iface, nodes, local_count, reasons)
@@ -336,6 +352,25 @@ def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) 
     )
 
 
+def _launch_step_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:
+    """A batch script on several nodes is no rank: start one hpctorch per node instead."""
+    launcher = " ".join(allocation.step_launcher)
+    nproc = options.nproc_per_node or len(facts.gpus) or 1
+    return Plan(
+        mode="launch-step", scheduler=allocation.scheduler, job_id=allocation.job_id, nodes=allocation.nodes,
+        node_rank=0, nproc_per_node=(nproc,) * allocation.nnodes, master_addr=allocation.nodes[0],
+        master_port=options.master_port or 0, rdzv_backend="static", rdzv_timeout=options.rdzv_timeout,
+        run_id=_run_id(allocation, options, facts), iface=None, simulated=False, max_restarts=options.max_restarts,
+        workers=(), launcher_env={},
+        reasons={
+            "mode": f"this is the job's batch script, not a step: re-running under '{launcher}'",
+            "master_addr": "decided by each node once the step starts",
+            "master_port": "decided by each node once the step starts",
+        },
+        sources=dict(allocation.sources), command=options.command, step_launcher=allocation.step_launcher,
+    )
+
+
 def _master_and_iface(
     allocation: Allocation,
     options: Options,
@@ -344,8 +379,8 @@ def _master_and_iface(
     node_rank: int,
     nodes: tuple[str, ...],
     reasons: dict[str, str],
-) -> tuple[str, network.Interface | None]:
-    """The master address and the interface this node talks on."""
+) -> tuple[str, network.Interface | None, str | None]:
+    """The master address, the interface this node talks on, and the exchange file if any."""
     given = options.master_addr or allocation.master_addr
     given_why = "--master-addr" if options.master_addr else f"from {allocation.scheduler} (MASTER_ADDR)"
     single = nnodes == 1
@@ -354,13 +389,13 @@ def _master_and_iface(
         reasons["iface"] = "single node: loopback"
         if given and not _is_loopback(given):
             reasons["master_addr"] = given_why
-            return given, None
+            return given, None, None
         reasons["master_addr"] = given_why if given else "single node: loopback"
-        return given or "127.0.0.1", lo
+        return given or "127.0.0.1", lo, None
     if given and _is_loopback(given) and not options.iface:
         reasons["master_addr"] = given_why
         reasons["iface"] = "the master address is loopback"
-        return given, network.loopback(facts.interfaces)
+        return given, network.loopback(facts.interfaces), None
 
     master_host = nodes[0] if nodes else None
     peers: tuple[str, ...] = ()
@@ -374,29 +409,48 @@ def _master_and_iface(
                 f"the master address {given} is not on {iface.describe()}",
                 "give a --master-addr on that interface's network, or another --iface",
             )
-        return given, iface
-    if node_rank == 0:
-        address = iface.address
-        assert address is not None  # choose_interface only returns interfaces with one
-        reasons["master_addr"] = f"this node holds rank 0: its address on {iface.name}"
-        return address, iface
+        return given, iface, None
     if master_host is None:
+        if node_rank == 0:
+            address = iface.address
+            assert address is not None  # choose_interface only returns interfaces with one
+            reasons["master_addr"] = f"this node holds rank 0: its address on {iface.name}"
+            return address, iface, None
         raise HpctorchError(
             f"this is node {node_rank} of {nnodes} and nothing names the master",
             "pass --master-addr (rank 0's node address), or run under a scheduler",
         )
     resolved = facts.resolved.get(master_host, ())
     reaching = [a for a in resolved if iface.reaches(a)]
-    if not reaching:
-        found = ", ".join(resolved) or "nothing"
-        raise HpctorchError(
-            f"the master node {master_host} resolves to {found}, which {iface.describe()} "
-            "cannot reach (its hostname names another network)",
-            f"pass --master-addr with {master_host}'s address on {iface.name}, or --iface "
-            "for the network its name resolves on",
+    # Every node sees the same name service, so all agree on whether the name serves.
+    shared_dir = options.rendezvous_dir or allocation.submit_dir
+    exchange = None
+    if not reaching and shared_dir:
+        step = f".{allocation.step_id}" if allocation.step_id else ""
+        exchange = os.path.join(shared_dir, ".hpctorch", f"{allocation.scheduler}-{allocation.job_id}{step}.master.json")
+    if node_rank == 0:
+        address = iface.address
+        assert address is not None  # choose_interface only returns interfaces with one
+        reasons["master_addr"] = f"this node holds rank 0: its address on {iface.name}"
+        if exchange:
+            reasons["master_addr"] += f"; written to {exchange} (its name resolves elsewhere)"
+        return address, iface, exchange
+    if reaching:
+        reasons["master_addr"] = f"{master_host} (node holding rank 0) resolves to it on {iface.name}"
+        return reaching[0], iface, None
+    found = ", ".join(resolved) or "nothing"
+    if exchange:
+        reasons["master_addr"] = (
+            f"{master_host} resolves to {found}, not on {iface.name}: read from {exchange}, "
+            "where node 0 writes its address"
         )
-    reasons["master_addr"] = f"{master_host} (node holding rank 0) resolves to it on {iface.name}"
-    return reaching[0], iface
+        return "", iface, exchange
+    raise HpctorchError(
+        f"the master node {master_host} resolves to {found}, which {iface.describe()} "
+        "cannot reach (its hostname names another network)",
+        f"pass --master-addr with {master_host}'s address on {iface.name}, --rendezvous-dir "
+        "with a directory all nodes share, or --iface for the network its name resolves on",
+    )
 
 
 def _master_port(

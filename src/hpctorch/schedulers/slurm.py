@@ -1,0 +1,125 @@
+"""Slurm: job and step variables (slurm.schedmd.com/srun.html#OPT_SLURM_STEP_ID,
+slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES).
+
+Read: SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST / SLURM_JOB_NODELIST,
+SLURM_STEP_NUM_NODES / SLURM_NNODES, SLURM_STEP_TASKS_PER_NODE /
+SLURM_TASKS_PER_NODE (``2(x3),1``), SLURM_STEP_NUM_TASKS / SLURM_NTASKS,
+SLURM_PROCID, SLURM_NODEID, SLURM_LOCALID, SLURM_STEP_GPUS / SLURM_JOB_GPUS,
+SLURM_STEP_RESV_PORTS, SLURM_SUBMIT_DIR. Step variables win over job variables. Outside a step (the
+batch script, an salloc shell) ``step_launcher`` says how to start one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from .. import hostlist
+from ..allocation import Allocation
+from ..errors import HpctorchError
+from ._parse import check_rank, env_int
+
+_TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def parse_tasks_per_node(value: str, name: str = "SLURM_TASKS_PER_NODE") -> tuple[int, ...]:
+    """``2(x3),1`` -> (2, 2, 2, 1)."""
+    counts: list[int] = []
+    for item in value.split(","):
+        match = _TASKS_ITEM.match(item.strip())
+        if match is None:
+            raise HpctorchError(f"{name}={value!r} is not Slurm's 'N(xM),...' form", f"unset {name} or fix its value")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return tuple(counts)
+
+
+def _first(env: Mapping[str, str], *names: str) -> tuple[str | None, str | None]:
+    for name in names:
+        if env.get(name):
+            return env[name], name
+    return None, None
+
+
+def detect(env: Mapping[str, str]) -> Allocation | None:
+    job_id, job_var = _first(env, "SLURM_JOB_ID", "SLURM_JOBID")
+    if job_id is None:
+        return None
+    in_step = bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")) and env.get("SLURM_PROCID") is not None
+    step_id, _ = _first(env, "SLURM_STEP_ID", "SLURM_STEPID")
+    # The batch script runs as step "batch"/"extern" with no SLURM_STEP_* lists: read job-level ones.
+    if in_step:
+        nodelist, nodelist_var = _first(env, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+        tasks_raw, tasks_var = _first(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+        ntasks, ntasks_var = _first(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    else:
+        nodelist, nodelist_var = _first(env, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        tasks_raw, tasks_var = _first(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+        ntasks, ntasks_var = None, None
+    if nodelist is None or nodelist_var is None:
+        raise HpctorchError(
+            f"{job_var}={job_id} is set but no SLURM_*NODELIST is",
+            "run inside a Slurm job (sbatch, salloc, srun), or unset the stale SLURM_ variables",
+        )
+    nodes = tuple(hostlist.expand(nodelist))
+    sources = {"job_id": job_var or "", "nodes": nodelist_var}
+    gpus_raw, gpus_var = _first(env, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+    gpus = tuple(g for g in gpus_raw.split(",") if g) if gpus_raw else None
+    if gpus_var:
+        sources["gpus"] = gpus_var
+
+    if not in_step:
+        # The batch script or an salloc shell: one process, not a training rank.
+        return Allocation(
+            scheduler="slurm",
+            nodes=nodes,
+            tasks_per_node=(1,) * len(nodes),
+            job_id=job_id,
+            gpus=gpus,
+            submit_dir=env.get("SLURM_SUBMIT_DIR"),
+            step_launcher=("srun", f"--nodes={len(nodes)}", "--ntasks-per-node=1", "--kill-on-bad-exit=1") if len(nodes) > 1 else (),
+            sources=sources,
+        )
+
+    if tasks_raw is None or tasks_var is None:
+        raise HpctorchError("a Slurm step without SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE", "run the step with srun")
+    tasks = parse_tasks_per_node(tasks_raw, tasks_var)
+    sources["tasks_per_node"] = tasks_var
+    if len(tasks) != len(nodes):
+        raise HpctorchError(
+            f"{tasks_var}={tasks_raw} describes {len(tasks)} node(s) but {nodelist_var} names {len(nodes)}",
+            "the Slurm variables contradict each other; unset the stale ones (e.g. from a nested salloc)",
+        )
+    total = env_int(env, ntasks_var) if ntasks_var else None
+    if total is not None and total != sum(tasks):
+        raise HpctorchError(
+            f"{ntasks_var}={total} does not match {tasks_var}={tasks_raw} (sum {sum(tasks)})",
+            "the Slurm variables contradict each other; unset the stale ones",
+        )
+    rank = env_int(env, "SLURM_PROCID")
+    node_index = env_int(env, "SLURM_NODEID")
+    local = env_int(env, "SLURM_LOCALID")
+    check_rank("SLURM_PROCID", rank, "tasks", sum(tasks))
+    check_rank("SLURM_NODEID", node_index, "nodes", len(nodes))
+    if node_index is not None:
+        check_rank("SLURM_LOCALID", local, f"tasks on node {node_index}", tasks[node_index])
+    sources.update(task_rank="SLURM_PROCID", node_index="SLURM_NODEID", local_task_rank="SLURM_LOCALID", step_id="SLURM_STEP_ID")
+    resv = env.get("SLURM_STEP_RESV_PORTS")
+    port = int(resv.split("-")[0].split(",")[0]) if resv and resv[0].isdigit() else None
+    if port is not None:
+        sources["master_port"] = "SLURM_STEP_RESV_PORTS"
+    return Allocation(
+        scheduler="slurm",
+        nodes=nodes,
+        tasks_per_node=tasks,
+        job_id=job_id,
+        step_id=step_id,
+        task_rank=rank,
+        node_index=node_index,
+        local_task_rank=local,
+        gpus=gpus,
+        master_port=port,
+        submit_dir=env.get("SLURM_SUBMIT_DIR"),
+        # Mixed 1- and 2-task nodes must all run per-task, or ranks would not add up.
+        launched_ranks=max(tasks) > 1,
+        sources=sources,
+    )

@@ -1,0 +1,259 @@
+"""A real cluster on one machine: network namespaces as nodes, real Slurm and MPI.
+
+Each node ``nodeN`` is a network namespace ``hpct-nodeN`` with
+- ``hsn0``  198.18.0.N/24 on a bridge shared by all nodes (the fabric), and
+- ``mgmt0`` 198.19.0.N/24 on a veth whose peer joins nothing (unreachable), which
+  the node's host name resolves to through /etc/hosts: the classic trap where the
+  default address is wrong and only a deliberate interface choice works.
+munged and slurmctld run in the root namespace (bridge address 198.18.0.254),
+one slurmd per node namespace under its own UTS namespace (host name nodeN).
+
+Everything created is named with the ``hpct`` prefix or marked in /etc/hosts, and
+``down()`` removes exactly that, by pid file and by name, also after a failure.
+By hand: ``python -m tests.cluster up|down|status``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+PREFIX = "hpct"
+BRIDGE = f"{PREFIX}br0"
+BRIDGE_ADDR = "198.18.0.254"
+HOSTS_MARK = "# hpctorch-test-cluster"
+STATE_DIR = Path(os.environ.get("HPCTORCH_CLUSTER_DIR", "/tmp/hpctorch-cluster"))
+MAX_NODES = 4
+
+
+def fabric_addr(index: int) -> str:
+    return f"198.18.0.{index}"
+
+
+def mgmt_addr(index: int) -> str:
+    return f"198.19.0.{index}"
+
+
+def _sh(*argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def missing_requirements() -> list[str]:
+    """What this machine lacks to build the cluster (empty when it can)."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root")
+    for tool in ("ip", "nsenter", "unshare", "munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "mpirun"):
+        if shutil.which(tool) is None:
+            missing.append(tool)
+    if not missing:
+        probe = _sh("ip", "netns", "add", f"{PREFIX}-probe", check=False)
+        if probe.returncode != 0:
+            missing.append(f"network namespaces ({probe.stderr.strip()})")
+        else:
+            _sh("ip", "netns", "delete", f"{PREFIX}-probe", check=False)
+    return missing
+
+
+class Cluster:
+    """Build, use and tear down an N-node cluster."""
+
+    def __init__(self, nodes: int = 2, state_dir: Path = STATE_DIR) -> None:
+        if not 1 <= nodes <= MAX_NODES:
+            raise ValueError(f"1..{MAX_NODES} nodes")
+        self.count = nodes
+        self.dir = state_dir
+        self.names = [f"node{i}" for i in range(1, nodes + 1)]
+        self.conf = self.dir / "slurm.conf"
+
+    # ---- using the nodes -------------------------------------------------
+    def netns(self, node: str) -> str:
+        return f"{PREFIX}-{node}"
+
+    def on(self, node: str, argv: Sequence[str]) -> list[str]:
+        """argv that runs ``argv`` on ``node``: its network and its host name.
+
+        The host name is set inside a fresh UTS namespace; ``argv`` travels as
+        positional parameters, never through a shell string.
+        """
+        return [
+            "nsenter", f"--net=/var/run/netns/{self.netns(node)}",
+            "unshare", "--uts", "--",
+            "sh", "-c", 'hostname "$0" && exec "$@"', node, *argv,
+        ]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "HPCTORCH_"))}
+        env["SLURM_CONF"] = str(self.conf)
+        env.update(extra)
+        return env
+
+    def run(self, node: str, argv: Sequence[str], timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(self.on(node, argv), capture_output=True, text=True, timeout=timeout, env=self.env(**extra_env))
+
+    # ---- life cycle ------------------------------------------------------
+    def up(self) -> "Cluster":
+        self.down()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._network()
+            self._hosts()
+            self._munge()
+            self._slurm()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _network(self) -> None:
+        _sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        _sh("ip", "addr", "add", f"{BRIDGE_ADDR}/24", "dev", BRIDGE)
+        _sh("ip", "link", "set", BRIDGE, "up")
+        for index, node in enumerate(self.names, start=1):
+            ns = self.netns(node)
+            _sh("ip", "netns", "add", ns)
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            for kind, addr, bridged in (("f", fabric_addr(index), True), ("m", mgmt_addr(index), False)):
+                host_end, node_end = f"{PREFIX}{kind}{index}h", f"{PREFIX}{kind}{index}n"
+                name = "hsn0" if kind == "f" else "mgmt0"
+                _sh("ip", "link", "add", host_end, "type", "veth", "peer", "name", node_end)
+                _sh("ip", "link", "set", node_end, "netns", ns)
+                _sh("ip", "-n", ns, "link", "set", node_end, "name", name)
+                _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", name)
+                _sh("ip", "-n", ns, "link", "set", name, "up")
+                if bridged:
+                    _sh("ip", "link", "set", host_end, "master", BRIDGE)
+                _sh("ip", "link", "set", host_end, "up")
+
+    def _hosts(self) -> None:
+        lines = [f"{mgmt_addr(i)} {node} {HOSTS_MARK}\n" for i, node in enumerate(self.names, start=1)]
+        with open("/etc/hosts", "a", encoding="utf-8") as hosts:
+            hosts.writelines(lines)
+
+    def _munge(self) -> None:
+        munge_dir = self.dir / "munge"
+        munge_dir.mkdir(exist_ok=True)
+        key = munge_dir / "munge.key"
+        if not key.exists():
+            _sh("mungekey", "--create", f"--keyfile={key}")
+        os.chmod(key, 0o600)
+        _sh(
+            "munged", "--force", f"--key-file={key}", f"--socket={munge_dir / 'munge.socket'}",
+            f"--pid-file={munge_dir / 'munged.pid'}", f"--log-file={munge_dir / 'munged.log'}",
+            f"--seed-file={munge_dir / 'munged.seed'}",
+        )
+
+    def _slurm(self) -> None:
+        host = socket.gethostname()
+        d = self.dir
+        (d / "state").mkdir(exist_ok=True)
+        nodes = f"node[1-{self.count}]" if self.count > 1 else "node1"
+        addrs = ",".join(fabric_addr(i) for i in range(1, self.count + 1))
+        cpus = os.cpu_count() or 2
+        self.conf.write_text(
+            f"""ClusterName=hpct
+SlurmctldHost={host}({BRIDGE_ADDR})
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={d / 'munge' / 'munge.socket'}
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+ReturnToService=2
+StateSaveLocation={d / 'state'}
+SlurmdSpoolDir={d / 'spool-%n'}
+SlurmctldPidFile={d / 'slurmctld.pid'}
+SlurmdPidFile={d / 'slurmd-%n.pid'}
+SlurmctldLogFile={d / 'slurmctld.log'}
+SlurmdLogFile={d / 'slurmd-%n.log'}
+SlurmctldPort=6817
+SlurmdPort=6818
+KillWait=5
+MinJobAge=30
+InactiveLimit=0
+NodeName={nodes} NodeAddr={addrs} CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes={nodes} Default=YES MaxTime=60 State=UP OverSubscribe=FORCE:8
+"""
+        )
+        (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+        env = self.env()
+        subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env=env, timeout=30, capture_output=True)
+        for node in self.names:
+            subprocess.run(self.on(node, ["slurmd", "-N", node, "-f", str(self.conf)]), check=True, env=env, timeout=30, capture_output=True)
+        self._wait_idle()
+
+    def _wait_idle(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        states = ""
+        while time.monotonic() < deadline:
+            done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.env(), timeout=10)
+            states = done.stdout.strip()
+            lines = states.splitlines()
+            if len(lines) == self.count and all(line.split()[1] == "idle" for line in lines):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"Slurm nodes not idle after {timeout:.0f} s: {states!r}; see {self.dir}/*.log")
+
+    def down(self) -> None:
+        """Remove everything this harness may have created; safe to call twice."""
+        for pidfile in sorted(self.dir.glob("slurmd-*.pid")) + [self.dir / "slurmctld.pid", self.dir / "munge" / "munged.pid"]:
+            _kill_by_pidfile(pidfile)
+        listed = _sh("ip", "netns", "list", check=False).stdout.split()
+        for ns in listed:
+            if ns.startswith(f"{PREFIX}-"):
+                _sh("ip", "netns", "delete", ns, check=False)
+        links = _sh("ip", "-o", "link", "show", check=False).stdout
+        for line in links.splitlines():
+            name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+            if name.startswith(PREFIX):
+                _sh("ip", "link", "delete", name, check=False)
+        try:
+            with open("/etc/hosts", encoding="utf-8") as hosts:
+                kept = [line for line in hosts if HOSTS_MARK not in line]
+            with open("/etc/hosts", "w", encoding="utf-8") as hosts:
+                hosts.writelines(kept)
+        except OSError:
+            pass
+        if (self.dir / "state").exists():
+            shutil.rmtree(self.dir / "state", ignore_errors=True)
+
+
+def _kill_by_pidfile(pidfile: Path, grace: float = 5.0) -> None:
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pidfile.unlink(missing_ok=True)
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    pidfile.unlink(missing_ok=True)

@@ -1,0 +1,63 @@
+"""The shared-file exchange of the master's address."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctorch.allocation import Allocation
+from hpctorch.errors import HpctorchError
+from hpctorch.plan import Options, make_plan
+from hpctorch.rendezvous import exchange_master
+
+from .helpers import LO, MGMT, facts, iface
+
+TRAP = {"node1": ("198.19.0.1",)}  # node1's name resolves to the management net
+
+
+def plans(tmp_path: Path, timeout: int = 10):  # type: ignore[no-untyped-def]
+    def at(node: int):  # type: ignore[no-untyped-def]
+        allocation = Allocation(
+            scheduler="slurm", nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="42", step_id="0",
+            node_index=node, submit_dir=str(tmp_path),
+        )
+        host = facts(interfaces=(LO, MGMT, iface("hsn0", f"198.18.0.{node + 1}/24")), resolved=TRAP)
+        return make_plan(allocation, Options(nproc_per_node=1, rdzv_timeout=timeout, command=("x",)), host)
+
+    return at(0), at(1)
+
+
+def test_node0_writes_and_node1_reads_the_fabric_address(tmp_path: Path) -> None:
+    master, other = plans(tmp_path)
+    assert master.master_exchange == other.master_exchange == str(tmp_path / ".hpctorch" / "slurm-42.0.master.json")
+    assert (master.master_addr, other.master_addr) == ("198.18.0.1", "")
+    reader = threading.Thread(target=lambda: results.append(exchange_master(other)))
+    results: list = []
+    reader.start()
+    time.sleep(0.3)  # the reader is already waiting when the writer comes
+    assert exchange_master(master) is master
+    reader.join(10)
+    (resolved,) = results
+    assert resolved.master_addr == "198.18.0.1"
+    assert {w.env["MASTER_ADDR"] for w in resolved.workers} == {"198.18.0.1"}
+
+
+def test_a_stale_file_from_another_run_is_ignored_and_the_wait_times_out(tmp_path: Path) -> None:
+    _, other = plans(tmp_path, timeout=1)
+    path = Path(other.master_exchange or "")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"run_id": "slurm-41.0", "addr": "198.18.0.9"}))
+    started = time.monotonic()
+    with pytest.raises(HpctorchError, match="waited 1 s for node1"):
+        exchange_master(other)
+    assert time.monotonic() - started < 5
+
+
+def test_no_exchange_when_the_name_resolves_onto_the_fabric(tmp_path: Path) -> None:
+    allocation = Allocation(scheduler="slurm", nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="42", node_index=1, submit_dir=str(tmp_path))
+    plan = make_plan(allocation, Options(command=("x",)), facts(resolved={"node1": ("198.18.0.1",)}))
+    assert plan.master_exchange is None and plan.master_addr == "198.18.0.1"

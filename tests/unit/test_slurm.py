@@ -1,0 +1,98 @@
+"""Slurm detection from environments captured on the real Slurm of tests/cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctorch.errors import HpctorchError
+from hpctorch.plan import Options, make_plan
+from hpctorch.schedulers import detect
+from hpctorch.schedulers.slurm import parse_tasks_per_node
+
+from .fixtures import load_env
+from .helpers import facts
+
+PY = ("python", "-u", "train.py")
+ON_FABRIC = {"node1": ("198.18.0.1",)}
+
+
+@pytest.mark.parametrize("raw, counts", [("2(x3),1", (2, 2, 2, 1)), ("4", (4,)), ("1(x2)", (1, 1)), ("2,1", (2, 1))])
+def test_tasks_per_node_syntax(raw: str, counts: tuple[int, ...]) -> None:
+    assert parse_tasks_per_node(raw) == counts
+
+
+def test_per_task_step_two_by_two() -> None:
+    a = detect(load_env("slurm/srun_2x2_rank3.env"))
+    assert (a.scheduler, a.job_id, a.step_id) == ("slurm", "2", "0")
+    assert (a.nodes, a.tasks_per_node) == (("node1", "node2"), (2, 2))
+    assert (a.task_rank, a.node_index, a.local_task_rank, a.launched_ranks) == (3, 1, 1, True)
+    assert a.sources["tasks_per_node"] == "SLURM_STEP_TASKS_PER_NODE" and a.sources["nodes"] == "SLURM_STEP_NODELIST"
+    plan = make_plan(a, Options(command=PY), facts(resolved=ON_FABRIC))
+    assert (plan.mode, plan.world_size, plan.node_rank, plan.master_addr, plan.iface) == ("per-task", 4, 1, "198.18.0.1", "hsn0")
+    env = plan.workers[0].env
+    assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"], env["LOCAL_WORLD_SIZE"]) == ("3", "1", "1", "2")
+    assert env["HPCTORCH_NODELIST"] == "node[1-2]" and env["HPCTORCH_JOB_ID"] == "2"
+
+
+def test_one_task_per_node_step_is_per_node_mode() -> None:
+    a = detect(load_env("slurm/srun_2x1_rank1.env"))
+    assert (a.tasks_per_node, a.node_index, a.launched_ranks) == ((1, 1), 1, False)
+    plan = make_plan(a, Options(nproc_per_node=2, command=PY), facts(resolved=ON_FABRIC))
+    assert (plan.mode, plan.nnodes, plan.node_rank, plan.world_size) == ("per-node", 2, 1, 4)
+    assert [w.rank for w in plan.workers] == [2, 3]
+    assert plan.master_port == 20000 + (int(a.job_id) * 8) % 10000  # job 4, step 0
+
+
+def test_heterogeneous_step_gives_every_task_its_global_rank() -> None:
+    a = detect(load_env("slurm/srun_2n3_rank2.env"))
+    assert (a.tasks_per_node, a.task_rank, a.node_index, a.local_task_rank) == ((2, 1), 2, 1, 0)
+    plan = make_plan(a, Options(command=PY), facts(resolved=ON_FABRIC))
+    # node2 has one task, but node1 has two: the whole step must be per-task.
+    assert plan.mode == "per-task" and plan.world_size == 3
+    assert plan.workers[0].env["RANK"] == "2" and plan.workers[0].env["LOCAL_WORLD_SIZE"] == "1"
+
+
+def test_batch_script_relaunches_itself_under_srun() -> None:
+    a = detect(load_env("slurm/sbatch_batch_script.env"))
+    assert a.step_launcher == ("srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1")
+    plan = make_plan(a, Options(command=PY), facts())
+    assert plan.mode == "launch-step" and plan.workers == ()
+
+
+def test_salloc_shell_is_not_a_step() -> None:
+    a = detect(load_env("slurm/salloc_shell.env"))
+    assert a.step_launcher and a.nodes == ("node1", "node2")
+
+
+def test_interactive_one_node_step_is_not_mistaken_for_the_job() -> None:
+    a = detect(load_env("slurm/salloc_srun_one_node.env"))
+    assert (a.nodes, a.tasks_per_node, a.step_launcher) == (("node1",), (1,), ())
+    plan = make_plan(a, Options(nproc_per_node=2, command=PY), facts())
+    assert (plan.mode, plan.nnodes, plan.world_size) == ("per-node", 1, 2)
+
+
+def test_step_variables_win_over_job_variables() -> None:
+    env = load_env("slurm/salloc_srun_one_node.env")
+    assert env["SLURM_NODELIST"] == "node[1-2]" and env["SLURM_STEP_NODELIST"] == "node1"
+    assert detect(env).sources["nodes"] == "SLURM_STEP_NODELIST"
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        ({"SLURM_NTASKS": "5", "SLURM_STEP_NUM_TASKS": "5"}, "does not match"),
+        ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2 is out of range"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "2(x3)"}, "describes 3 node(s)"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "two"}, "not Slurm's"),
+        ({"SLURM_STEP_NODELIST": "node[2-1]"}, "runs backwards"),
+    ],
+)
+def test_contradictions_are_one_clear_error(overrides: dict[str, str], words: str) -> None:
+    with pytest.raises(HpctorchError) as error:
+        detect(load_env("slurm/srun_2x2_rank3.env", **overrides))
+    assert words in str(error.value)
+
+
+def test_reserved_step_ports_are_used() -> None:
+    a = detect(load_env("slurm/srun_2x2_rank3.env", SLURM_STEP_RESV_PORTS="12000-12003"))
+    assert a.master_port == 12000 and a.sources["master_port"] == "SLURM_STEP_RESV_PORTS"
