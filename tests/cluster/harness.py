@@ -100,6 +100,25 @@ class Cluster:
     def run(self, node: str, argv: Sequence[str], timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess:
         return subprocess.run(self.on(node, argv), capture_output=True, text=True, timeout=timeout, env=self.env(**extra_env))
 
+    def sbatch(self, job_dir: Path, script: Path, *options: str, timeout: float = 240) -> tuple[str, str]:
+        """Submit from node1 (the login node), wait for the end: (final state, output)."""
+        out = job_dir / "out.txt"
+        submit = self.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "sbatch", "--parsable", "-o", str(out), *options, str(script)], timeout=30)
+        if submit.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {submit.stderr.strip()}")
+        job_id = submit.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + timeout
+        state = "UNKNOWN"
+        while time.monotonic() < deadline:
+            shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, env=self.env(), timeout=10).stdout
+            state = shown.split("JobState=", 1)[1].split()[0] if "JobState=" in shown else "UNKNOWN"
+            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "UNKNOWN"):
+                break
+            time.sleep(0.5)
+        else:
+            subprocess.run(["scancel", job_id], env=self.env(), timeout=10, check=False)
+        return state, out.read_text() if out.exists() else ""
+
     # ---- life cycle ------------------------------------------------------
     def up(self) -> "Cluster":
         self.down()
@@ -135,7 +154,10 @@ class Cluster:
                 _sh("ip", "link", "set", host_end, "up")
 
     def _hosts(self) -> None:
+        # Names resolve to the unreachable management net (the trap); the fabric
+        # addresses get names of their own so reverse lookups of them succeed.
         lines = [f"{mgmt_addr(i)} {node} {HOSTS_MARK}\n" for i, node in enumerate(self.names, start=1)]
+        lines += [f"{fabric_addr(i)} {node}-hsn0 {HOSTS_MARK}\n" for i, node in enumerate(self.names, start=1)]
         with open("/etc/hosts", "a", encoding="utf-8") as hosts:
             hosts.writelines(lines)
 
