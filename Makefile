@@ -20,7 +20,12 @@ demo: setup
 system-deps:
 	scripts/install-system-deps
 
-test: system-deps setup
+# mpi4py compiles against the MPI that system-deps installs; without one, MPI tests skip
+# (or fail under HPCTORCH_REQUIRE_CLUSTER=1).
+$(VENV)/.installed-mpi: $(VENV)/.installed
+	$(PY) -m pip install -q 'mpi4py>=3.1' && touch $@ || echo "mpi4py not installed: MPI tests will skip"
+
+test: system-deps setup $(VENV)/.installed-mpi
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

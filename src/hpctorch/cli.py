@@ -127,15 +127,9 @@ def _options(args: argparse.Namespace) -> Options:
 
 
 def build_plan(args: argparse.Namespace) -> Plan:
-    from .facts import gather
-    from .plan import make_plan
-    from .schedulers import detect
+    from .discover import plan_here
 
-    allocation = detect(os.environ)
-    # Only the master's name needs resolving: other nodes' addresses are theirs to give.
-    master = allocation.nodes[:1] if allocation.nnodes > 1 else ()
-    plan = make_plan(allocation, _options(args), gather(os.environ, resolve_hosts=master))
-    return plan
+    return plan_here(_options(args), os.environ)
 
 
 def _run(args: argparse.Namespace) -> int:

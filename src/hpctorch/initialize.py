@@ -39,14 +39,11 @@ def prepare_env() -> None:
     """Set torch's variables for this process from the detected allocation, if missing."""
     if all(os.environ.get(k) for k in TORCH_CONTRACT):
         return
-    from .facts import gather
-    from .plan import Options, make_plan
+    from .discover import plan_here
+    from .plan import Options
     from .rendezvous import exchange_master
-    from .schedulers import detect
 
-    allocation = detect(os.environ)
-    facts = gather(os.environ, resolve_hosts=allocation.nodes[:1] if allocation.nnodes > 1 else ())
-    plan = exchange_master(make_plan(allocation, Options(mode="per-task"), facts))
+    plan = exchange_master(plan_here(Options(mode="per-task"), os.environ))
     os.environ.update(plan.workers[0].env)
 
 

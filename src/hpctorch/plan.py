@@ -382,7 +382,7 @@ def _master_and_iface(
 ) -> tuple[str, network.Interface | None, str | None]:
     """The master address, the interface this node talks on, and the exchange file if any."""
     given = options.master_addr or allocation.master_addr
-    given_why = "--master-addr" if options.master_addr else f"from {allocation.scheduler} (MASTER_ADDR)"
+    given_why = "--master-addr" if options.master_addr else f"from {allocation.scheduler} ({allocation.sources.get('master_addr', 'MASTER_ADDR')})"
     single = nnodes == 1
     if single and not options.iface:
         lo = network.loopback(facts.interfaces)
@@ -468,7 +468,7 @@ def _master_port(
         reasons["master_port"] = "--master-port"
         return options.master_port
     if allocation.master_port is not None:
-        reasons["master_port"] = f"from {allocation.scheduler} (MASTER_PORT)"
+        reasons["master_port"] = f"from {allocation.scheduler} ({allocation.sources.get('master_port', 'MASTER_PORT')})"
         return allocation.master_port
     if allocation.job_id:
         port = network.derive_port(allocation.job_id, allocation.step_id)

@@ -119,6 +119,17 @@ class Cluster:
             subprocess.run(["scancel", job_id], env=self.env(), timeout=10, check=False)
         return state, out.read_text() if out.exists() else ""
 
+    def mpirun(self, per_node: int, argv: Sequence[str], mpirun: str = "mpirun") -> list[str]:
+        """An OpenMPI command line over every node, ``per_node`` ranks each, started by
+        the ssh stand-in that enters each node's namespace."""
+        hosts = ",".join(f"{node}:{per_node}" for node in self.names)
+        return [
+            mpirun, "--allow-run-as-root", "--oversubscribe", "-H", hosts, "-np", str(per_node * self.count),
+            "--mca", "plm_rsh_agent", str(self.dir / "rsh-agent"),
+            "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "198.18.0.0/24",
+            "--mca", "oob_tcp_if_include", "198.18.0.0/24", *argv,
+        ]
+
     # ---- life cycle ------------------------------------------------------
     def up(self) -> "Cluster":
         self.down()
@@ -128,6 +139,7 @@ class Cluster:
             self._hosts()
             self._munge()
             self._slurm()
+            self._rsh_agent()
         except BaseException:
             self.down()
             raise
@@ -219,6 +231,19 @@ PartitionName=debug Nodes={nodes} Default=YES MaxTime=60 State=UP OverSubscribe=
         for node in self.names:
             subprocess.run(self.on(node, ["slurmd", "-N", node, "-f", str(self.conf)]), check=True, env=env, timeout=30, capture_output=True)
         self._wait_idle()
+
+    def _rsh_agent(self) -> None:
+        # mpirun calls its agent like ssh: AGENT [options] HOST COMMAND WORDS...; like
+        # sshd, the stand-in hands the joined words to a shell, on HOST's namespace.
+        agent = self.dir / "rsh-agent"
+        agent.write_text(
+            "#!/bin/sh\n"
+            'while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done\n'
+            'host="$1"; shift\n'
+            f'exec nsenter --net=/var/run/netns/{PREFIX}-"$host" unshare --uts -- '
+            """sh -c 'hostname "$0" && exec sh -c "$*"' "$host" "$@"\n"""
+        )
+        agent.chmod(0o755)
 
     def _wait_idle(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

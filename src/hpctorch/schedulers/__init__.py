@@ -12,12 +12,13 @@ import os
 from collections.abc import Callable, Mapping
 
 from ..allocation import Allocation
-from . import local, slurm, torchelastic
+from . import local, mpi, slurm, torchelastic
 
 Detector = Callable[[Mapping[str, str]], "Allocation | None"]
 
 DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("torchelastic", torchelastic.detect),
+    ("mpi", mpi.detect),
     ("slurm", slurm.detect),
     ("local", local.detect),
 )

@@ -1,0 +1,102 @@
+"""The seed's method for MPI launchers: allgather (host, address), number the nodes.
+
+``mpi_exchange`` runs ``python -m hpctorch.bootstrap`` as a short-lived child: the
+child initialises MPI in place of this rank (this process never does, so the agent
+and the training processes it later forks or execs never carry an MPI runtime),
+allgathers each rank's host name and address on the chosen interface, and has
+rank 0 pick a free port. ``from_records`` turns that into the Allocation.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+from .allocation import Allocation
+from .errors import HpctorchError
+
+
+def from_records(allocation: Allocation, rank: int, records: list[list[str]], port: int) -> Allocation:
+    """Nodes by distinct host name in rank order; master = rank 0's address."""
+    hosts = [host for host, _ in records]
+    nodes = list(dict.fromkeys(hosts))
+    tasks = [hosts.count(node) for node in nodes]
+    own = hosts[rank]
+    # Global ranks must be contiguous per node for torch's LOCAL_RANK/GROUP_RANK to
+    # agree with them; mpirun's default by-slot mapping gives that, cyclic does not.
+    expected = [node for node, count in zip(nodes, tasks) for _ in range(count)]
+    if hosts != expected:
+        raise HpctorchError(
+            "MPI placed consecutive ranks on different nodes (a cyclic or round-robin mapping)",
+            "map ranks by slot or core (mpirun --map-by slot, the default) so each node holds a block of ranks",
+        )
+    multi = len(nodes) > 1
+    sources = dict(allocation.sources)
+    sources.update(
+        nodes="mpi4py allgather of host names",
+        node_index="mpi4py allgather of host names",
+        master_port="mpi4py bcast: a port free on rank 0",
+    )
+    if multi:
+        sources["master_addr"] = "mpi4py allgather: rank 0's address"
+    return replace(
+        allocation,
+        nodes=tuple(nodes),
+        tasks_per_node=tuple(tasks),
+        node_index=nodes.index(own),
+        local_task_rank=hosts[:rank].count(own),
+        master_addr=records[0][1] if multi else None,
+        master_port=port,
+        launched_ranks=max(tasks) > 1,
+        needs_bootstrap=False,
+        sources=sources,
+    )
+
+
+def mpi_exchange(allocation: Allocation, iface: str | None, timeout_s: float) -> Allocation:
+    """Run the allgather child and fold its answer into ``allocation``."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "hpctorch.bootstrap", iface or ""],
+            capture_output=True, text=True, timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise HpctorchError(
+            f"the MPI bootstrap allgather did not finish in {timeout_s:.0f} s",
+            "check that every rank runs hpctorch, or raise --rdzv-timeout",
+        ) from None
+    if done.returncode != 0 or not done.stdout.strip():
+        detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        fix = "pip install 'hpctorch[mpi]' (mpi4py built for this MPI)" if "mpi4py" in done.stderr else "check the MPI installation"
+        raise HpctorchError(f"{allocation.scheduler} names no nodes and the mpi4py bootstrap failed: {detail}", fix + ", or give --master-addr/--node-rank")
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    if answer["rank"] != allocation.task_rank:
+        raise HpctorchError(
+            f"the bootstrap ran as MPI rank {answer['rank']}, but {allocation.sources.get('task_rank')} says {allocation.task_rank}",
+            "MPI variables of another job leaked into this one; unset them",
+        )
+    return from_records(allocation, answer["rank"], answer["records"], answer["port"])
+
+
+def _child(iface: str) -> None:
+    import socket
+
+    from mpi4py import MPI
+
+    from .network import free_port, list_interfaces
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    address = next((i.address for i in list_interfaces() if i.name == iface and i.address), "") if iface else ""
+    records = comm.allgather((socket.gethostname(), address))
+    port = free_port(address or "0.0.0.0") if rank == 0 else 0
+    port = comm.bcast(port, root=0)
+    sys.stdout.write(json.dumps({"rank": rank, "records": records, "port": port}) + "\n")
+    sys.stdout.flush()
+    MPI.Finalize()
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1] if len(sys.argv) > 1 else "")

@@ -1,0 +1,64 @@
+"""MPI launchers: the rank variables each one exports to the processes it starts.
+
+- OpenMPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+  (docs.open-mpi.org/en/v5.0.x/tuning-apps/environment-var.html). Its _NODE_RANK is
+  not the node's index, so it is not read.
+- MPICH / Intel MPI (Hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
+- MVAPICH2: MV2_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE.
+- Cray PALS (mpiexec on HPE Cray EX): PALS_RANKID, PALS_LOCAL_RANKID, PALS_NODEID,
+  PMI_SIZE, PMI_LOCAL_SIZE.
+None of them exports the node list or a master address: the Allocation is marked
+``needs_bootstrap`` and ``bootstrap.mpi_exchange`` fills them in with an allgather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..allocation import Allocation
+from ..errors import HpctorchError
+from ._parse import check_rank, env_int
+
+# (name, rank, size, local rank, local size, node index or None)
+FLAVOURS: tuple[tuple[str, str, str, str, str, str | None], ...] = (
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", None),
+    ("mvapich2", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE", None),
+    ("cray-pals", "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", "PMI_LOCAL_SIZE", "PALS_NODEID"),
+    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
+)
+JOB_ID_VARS = ("PMIX_NAMESPACE", "PALS_APID", "PMI_JOBID")
+
+
+def detect(env: Mapping[str, str]) -> Allocation | None:
+    for name, rank_var, size_var, local_var, local_size_var, node_var in FLAVOURS:
+        if env.get(rank_var) is None:
+            continue
+        if name == "mpich" and env.get("SLURM_STEP_ID"):
+            return None  # srun's own PMI sets PMI_RANK: the Slurm detector reads the step
+        rank = env_int(env, rank_var)
+        size = env_int(env, size_var, minimum=1)
+        if rank is None or size is None:
+            raise HpctorchError(f"{rank_var} is set but {size_var} is not", f"unset {rank_var} or launch with a complete MPI")
+        check_rank(rank_var, rank, size_var, size)
+        local_size = env_int(env, local_size_var, minimum=1) or 1
+        local = env_int(env, local_var)
+        check_rank(local_var, local, local_size_var, local_size)
+        node_index = env_int(env, node_var) if node_var else None
+        job_id = next((env[v] for v in JOB_ID_VARS if env.get(v)), None)
+        sources = {"task_rank": rank_var, "local_task_rank": local_var, "tasks_per_node": f"{size_var}, {local_size_var}"}
+        if node_var:
+            sources["node_index"] = node_var
+        # Until the allgather: one node per local group, this node's count everywhere.
+        nnodes = max(1, -(-size // local_size))
+        return Allocation(
+            scheduler=name,
+            tasks_per_node=(local_size,) * nnodes,
+            job_id=job_id,
+            task_rank=rank,
+            node_index=node_index,
+            local_task_rank=local,
+            launched_ranks=local_size > 1,
+            needs_bootstrap=True,
+            sources=sources,
+        )
+    return None

@@ -1,0 +1,44 @@
+"""hpctorch under a real OpenMPI mpirun across the namespace nodes (the seed's method)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..conftest import require
+from .conftest import PYTHON, TOY, assert_trained_across_nodes
+from .harness import Cluster
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(autouse=True)
+def _mpi4py() -> None:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        require(False, "mpi4py is not installed (pip install 'hpctorch[mpi]')")
+
+
+def test_mpirun_one_rank_per_node_is_per_node_mode(cluster: Cluster) -> None:
+    argv = cluster.mpirun(1, [PYTHON, "-m", "hpctorch", "run", "--nproc-per-node", "2", TOY, "--steps", "6"])
+    done = subprocess_run(cluster, argv)
+    assert_trained_across_nodes(done.stdout)
+    assert "mode        per-node" in done.stderr
+
+
+def test_mpirun_every_rank_is_per_task_mode(cluster: Cluster) -> None:
+    argv = cluster.mpirun(2, [PYTHON, "-m", "hpctorch", "run", TOY, "--steps", "6"])
+    done = subprocess_run(cluster, argv)
+    assert_trained_across_nodes(done.stdout)
+
+
+def test_init_under_mpirun_without_a_launcher(cluster: Cluster) -> None:
+    argv = cluster.mpirun(2, [PYTHON, TOY, "--init", "hpctorch", "--steps", "6"])
+    done = subprocess_run(cluster, argv)
+    assert_trained_across_nodes(done.stdout)
+
+
+def subprocess_run(cluster: Cluster, argv: list[str]):  # type: ignore[no-untyped-def]
+    done = cluster.run("node1", argv, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
