@@ -31,6 +31,8 @@ class Allocation:
     """The launcher itself started every training rank (per-task by nature)."""
     complete: bool = False
     """The launcher already set the whole torch environment: change nothing."""
+    slots_per_node: tuple[int, ...] | None = None
+    """Workers each node should start, when the host list says (``host slots=N``)."""
     needs_bootstrap: bool = False
     """The launcher names no nodes or master (MPI): an allgather must find them."""
     submit_dir: str | None = None

@@ -53,6 +53,8 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--max-restarts", "--max_restarts", type=int, default=0)
     add("--rdzv-timeout", type=int, default=DEFAULT_RDZV_TIMEOUT_S, metavar="S", help="seconds to wait for all nodes")
     add("--run-id", "--rdzv-id", "--rdzv_id", dest="run_id", default=None)
+    add("--hostfile", default=None, metavar="FILE", help="no scheduler: the job's hosts, one per line ('host', 'host slots=N', 'host:N')")
+    add("--hosts", default=None, metavar="A,B,...", help="no scheduler: the job's hosts, comma-separated")
     add("--rendezvous-dir", default=None, metavar="DIR", help="a directory all nodes share, to exchange the master's address (default: the job's submit directory)")
     add("--log-dir", "--log_dir", default=None, help="keep each worker's output under this directory")
     add("--tee", default=None, help="torchrun's --tee: also copy std streams to --log-dir (0-3)")
@@ -122,6 +124,8 @@ def _options(args: argparse.Namespace) -> Options:
         rdzv_timeout=args.rdzv_timeout,
         run_id=args.run_id,
         rendezvous_dir=args.rendezvous_dir,
+        hostfile=args.hostfile,
+        hosts=args.hosts,
         command=_worker_command(args),
     )
 

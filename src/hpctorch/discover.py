@@ -6,14 +6,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from . import network
+from .allocation import Allocation
 from .bootstrap import mpi_exchange
 from .errors import HpctorchError
-from .facts import gather
+from .facts import HostFacts, gather
+from .schedulers import hostfile
 from .plan import Options, Plan, make_plan
 from .schedulers import detect
 
 
+def _from_host_list(options: Options, env: Mapping[str, str]) -> tuple[Allocation, HostFacts]:
+    if options.hostfile:
+        origin = options.hostfile
+        try:
+            with open(options.hostfile, encoding="utf-8") as listing:
+                text = listing.read()
+        except OSError as exc:
+            raise HpctorchError(f"cannot read --hostfile {options.hostfile}: {exc.strerror}", "check the path") from None
+    else:
+        origin, text = "--hosts", "\n".join(h for h in (options.hosts or "").replace(",", " ").split())
+    entries = hostfile.parse(text, origin)
+    names = [host for host, _ in entries]
+    facts = gather(env, resolve_hosts=names)
+    own = [str(a.ip) for i in facts.interfaces for a in i.ipv4 + i.ipv6]  # type: ignore[operator]
+    return hostfile.allocation(entries, origin, facts.hostname, own, facts.resolved), facts
+
+
 def plan_here(options: Options, env: Mapping[str, str]) -> Plan:
+    if options.hostfile or options.hosts:
+        allocation, facts = _from_host_list(options, env)
+        return make_plan(allocation, options, facts)
     allocation = detect(env)
     # Only the master's name needs resolving: other nodes' addresses are theirs to give.
     facts = gather(env, resolve_hosts=allocation.nodes[:1] if allocation.nnodes > 1 else ())

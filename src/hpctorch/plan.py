@@ -35,6 +35,8 @@ class Options:
     rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT_S
     run_id: str | None = None
     rendezvous_dir: str | None = None
+    hostfile: str | None = None
+    hosts: str | None = None
     command: tuple[str, ...] = ()
 
 
@@ -251,22 +253,25 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Pla
         node_rank, reasons["node_rank"] = _node_rank(allocation, options, nnodes)
         if options.nproc_per_node is not None:
             nproc, reasons["nproc_per_node"] = options.nproc_per_node, "--nproc-per-node"
+        elif allocation.slots_per_node and len(allocation.slots_per_node) == nnodes:
+            nproc = 0
+            reasons["nproc_per_node"] = f"slots in {allocation.sources.get('nodes', allocation.scheduler)}"
         elif facts.gpus:
             nproc, reasons["nproc_per_node"] = len(facts.gpus), f"one per visible GPU ({','.join(facts.gpus)})"
         else:
             nproc, reasons["nproc_per_node"] = 1, "no GPU visible: one process"
-        nproc_per_node = (nproc,) * nnodes
+        nproc_per_node = allocation.slots_per_node if nproc == 0 and allocation.slots_per_node else (nproc,) * nnodes
 
     nodes = allocation.nodes if len(allocation.nodes) == nnodes else ()
-    master_addr, iface, exchange = _master_and_iface(allocation, options, facts, nnodes, node_rank, nodes, reasons)
     master_port = _master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)
+    run_id = _run_id(allocation, options, facts, nnodes, master_port)
+    master_addr, iface, exchange = _master_and_iface(allocation, options, facts, nnodes, node_rank, nodes, reasons, run_id)
     rdzv_backend = "c10d" if master_port == 0 else "static"
     reasons["rdzv_backend"] = (
         "single node: the agent binds a free port itself (no race between jobs)"
         if rdzv_backend == "c10d"
         else "every node knows the master address and port"
     )
-    run_id = _run_id(allocation, options, facts)
     plan_fields = dict(
         mode=mode,
         scheduler=allocation.scheduler,
@@ -328,7 +333,7 @@ def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) 
         nnodes=count,
         master_addr="127.0.0.1",
         master_port=options.master_port or facts.spare_port,
-        run_id=_run_id(allocation, options, facts),
+        run_id=_run_id(allocation, options, facts, 1, 0),
     )
     # Simulated nodes share this machine's CPUs and GPUs.
     node_facts = replace(facts, cpus=max(1, facts.cpus // count), gpus=facts.gpus[: len(facts.gpus) // count])
@@ -360,7 +365,7 @@ def _launch_step_plan(allocation: Allocation, options: Options, facts: HostFacts
         mode="launch-step", scheduler=allocation.scheduler, job_id=allocation.job_id, nodes=allocation.nodes,
         node_rank=0, nproc_per_node=(nproc,) * allocation.nnodes, master_addr=allocation.nodes[0],
         master_port=options.master_port or 0, rdzv_backend="static", rdzv_timeout=options.rdzv_timeout,
-        run_id=_run_id(allocation, options, facts), iface=None, simulated=False, max_restarts=options.max_restarts,
+        run_id=_run_id(allocation, options, facts, 1, 0), iface=None, simulated=False, max_restarts=options.max_restarts,
         workers=(), launcher_env={},
         reasons={
             "mode": f"this is the job's batch script, not a step: re-running under '{launcher}'",
@@ -379,6 +384,7 @@ def _master_and_iface(
     node_rank: int,
     nodes: tuple[str, ...],
     reasons: dict[str, str],
+    run_id: str,
 ) -> tuple[str, network.Interface | None, str | None]:
     """The master address, the interface this node talks on, and the exchange file if any."""
     given = options.master_addr or allocation.master_addr
@@ -426,8 +432,7 @@ def _master_and_iface(
     shared_dir = options.rendezvous_dir or allocation.submit_dir
     exchange = None
     if not reaching and shared_dir:
-        step = f".{allocation.step_id}" if allocation.step_id else ""
-        exchange = os.path.join(shared_dir, ".hpctorch", f"{allocation.scheduler}-{allocation.job_id}{step}.master.json")
+        exchange = os.path.join(shared_dir, ".hpctorch", f"{run_id}.master.json")
     if node_rank == 0:
         address = iface.address
         assert address is not None  # choose_interface only returns interfaces with one
@@ -445,6 +450,12 @@ def _master_and_iface(
             "where node 0 writes its address"
         )
         return "", iface, exchange
+    if not resolved:
+        raise HpctorchError(
+            f"the master node {master_host} does not resolve to any address here",
+            f"pass --master-addr with {master_host}'s address on {iface.name}, or --rendezvous-dir "
+            "with a directory all nodes share",
+        )
     raise HpctorchError(
         f"the master node {master_host} resolves to {found}, which {iface.describe()} "
         "cannot reach (its hostname names another network)",
@@ -491,12 +502,15 @@ def _master_port(
     )
 
 
-def _run_id(allocation: Allocation, options: Options, facts: HostFacts) -> str:
+def _run_id(allocation: Allocation, options: Options, facts: HostFacts, nnodes: int, master_port: int) -> str:
+    """The rendezvous' run id: torch keys its store by it, so every node must agree."""
     if options.run_id:
         return options.run_id
     if allocation.job_id:
         step = f".{allocation.step_id}" if allocation.step_id else ""
         return f"{allocation.scheduler}-{allocation.job_id}{step}"
+    if nnodes > 1:
+        return f"{allocation.scheduler}-{master_port}"
     return f"{facts.hostname}-{facts.pid}"
 
 

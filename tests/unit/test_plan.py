@@ -166,3 +166,12 @@ def test_table_shows_every_decision_with_its_reason() -> None:
     text = make_plan(local(), Options(nnodes=2, node_rank=0, master_port=29400, command=PY), facts()).table()
     for expected in ("per-node", "198.18.0.2", "29400", "hsn0", "fast fabric", "world size 2", "python -u train.py"):
         assert expected in text
+
+
+def test_nodes_started_by_hand_agree_on_the_run_id() -> None:
+    # torch's static rendezvous keys its store by run id: different ids never meet.
+    ids = {
+        make_plan(local(f"host{rank}"), Options(nnodes=2, node_rank=rank, master_addr="198.18.0.1", master_port=29400, command=PY), facts(pid=100 + rank)).run_id
+        for rank in (0, 1)
+    }
+    assert ids == {"local-29400"}

@@ -1,0 +1,39 @@
+"""Hostfile mode: one hpctorch per node namespace, started by the test, no scheduler."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import PYTHON, TOY, assert_trained_across_nodes
+from .harness import Cluster, fabric_addr
+
+pytestmark = pytest.mark.cluster
+
+
+def run_everywhere(cluster: Cluster, argv: list[str]) -> list[subprocess.CompletedProcess]:
+    started = [
+        subprocess.Popen(cluster.on(node, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env())
+        for node in cluster.names
+    ]
+    results = []
+    for process in started:
+        out, err = process.communicate(timeout=180)
+        results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    return results
+
+
+@pytest.mark.parametrize("by", ["name", "address"])
+def test_hostfile_on_every_node(cluster: Cluster, job_dir: Path, by: str) -> None:
+    hostfile = job_dir / "hosts"
+    entries = cluster.names if by == "name" else [fabric_addr(i) for i in range(1, cluster.count + 1)]
+    hostfile.write_text("".join(f"{entry} slots=2\n" for entry in entries))
+    # Names resolve to the unreachable management net: node1 hands its fabric
+    # address to the others through the shared directory. Addresses need no exchange.
+    results = run_everywhere(cluster, [PYTHON, "-m", "hpctorch", "run", "--hostfile", str(hostfile), "--rendezvous-dir", str(job_dir), TOY, "--steps", "6"])
+    for result in results:
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert_trained_across_nodes("".join(r.stdout for r in results))
+    assert (job_dir / ".hpctorch").exists() == (by == "name")
