@@ -12,14 +12,19 @@ import os
 from collections.abc import Callable, Mapping
 
 from ..allocation import Allocation
-from . import local, mpi, slurm, torchelastic
+from . import flux, k8s, local, lsf, mpi, pbs, sge, slurm, torchelastic
 
 Detector = Callable[[Mapping[str, str]], "Allocation | None"]
 
 DETECTORS: tuple[tuple[str, Detector], ...] = (
+    ("k8s", k8s.detect),  # before torchelastic: there RANK is the pod's (node's) index
     ("torchelastic", torchelastic.detect),
-    ("mpi", mpi.detect),
+    ("flux", flux.detect),  # before mpi: flux run also sets PMI_RANK
+    ("mpi", mpi.detect),  # mpirun inside any batch job wins over the job's variables
     ("slurm", slurm.detect),
+    ("lsf", lsf.detect),
+    ("pbs", pbs.detect),
+    ("sge", sge.detect),
     ("local", local.detect),
 )
 

@@ -1,0 +1,46 @@
+"""PBS Pro and Torque (Altair PBS Professional Reference Guide, "PBS environment
+variables"; Torque Administrator Guide, "Exported batch environment variables").
+
+Read: PBS_JOBID, PBS_NODEFILE (one line per slot), PBS_O_WORKDIR, and under
+Torque's ``pbsdsh -u`` PBS_NODENUM (this node's index). Under ``mpiexec`` on a Cray
+system the PALS variables are read by the MPI detector first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..allocation import Allocation
+from ..errors import HpctorchError
+from ._hostfiles import group_slots, read_slot_file
+from ._parse import check_rank, env_int
+
+
+def detect(env: Mapping[str, str]) -> Allocation | None:
+    job_id = env.get("PBS_JOBID")
+    if not job_id:
+        return None
+    nodefile = env.get("PBS_NODEFILE")
+    if not nodefile:
+        raise HpctorchError(f"PBS_JOBID={job_id} is set but PBS_NODEFILE is not", "request nodes with -l select=... (or unset the stale PBS_ variables)")
+    nodes, slots = group_slots(read_slot_file(nodefile, "PBS_NODEFILE"))
+    sources = {"job_id": "PBS_JOBID", "nodes": "PBS_NODEFILE", "slots_per_node": "PBS_NODEFILE (lines per host)"}
+    node_index = env_int(env, "PBS_NODENUM")
+    if node_index is not None:  # pbsdsh -u: one task per node
+        check_rank("PBS_NODENUM", node_index, "nodes in PBS_NODEFILE", len(nodes))
+        sources["node_index"] = "PBS_NODENUM"
+        return Allocation(
+            scheduler="pbs", nodes=nodes, tasks_per_node=(1,) * len(nodes), job_id=job_id,
+            task_rank=node_index, node_index=node_index, local_task_rank=0,
+            slots_per_node=slots, submit_dir=env.get("PBS_O_WORKDIR"), sources=sources,
+        )
+    if len(nodes) > 1:
+        raise HpctorchError(
+            f"this is the PBS job script of job {job_id} on {len(nodes)} nodes, not one task per node",
+            "start one hpctorch per node: 'pbsdsh -u hpctorch run ...' (Torque) or "
+            "'mpiexec -n NODES --ppn 1 hpctorch run ...' (PBS Pro, Cray PALS)",
+        )
+    return Allocation(
+        scheduler="pbs", nodes=nodes, tasks_per_node=(1,), job_id=job_id, task_rank=0, node_index=0,
+        local_task_rank=0, slots_per_node=slots, submit_dir=env.get("PBS_O_WORKDIR"), sources=sources,
+    )

@@ -1,0 +1,83 @@
+"""PBS, LSF, Flux, SGE and Kubeflow, from the variables their documentation lists
+(each module's docstring cites its page); host files are written as the systems write them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpctorch.errors import HpctorchError
+from hpctorch.plan import Options, make_plan
+from hpctorch.schedulers import detect
+
+from .helpers import facts
+
+
+def slot_file(tmp_path: Path, name: str, lines: list[str]) -> str:
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def test_pbs_under_pbsdsh_one_per_node(tmp_path: Path) -> None:
+    nodefile = slot_file(tmp_path, "nodefile", ["n01"] * 4 + ["n02"] * 4)
+    a = detect({"PBS_JOBID": "4242.pbs01", "PBS_NODEFILE": nodefile, "PBS_NODENUM": "1", "PBS_O_WORKDIR": "/home/u/run"})
+    assert (a.scheduler, a.nodes, a.tasks_per_node, a.node_index, a.slots_per_node, a.submit_dir) == (
+        "pbs", ("n01", "n02"), (1, 1), 1, (4, 4), "/home/u/run")
+    plan = make_plan(a, Options(command=("x",)), facts(resolved={"n01": ("198.18.0.1",)}))
+    assert (plan.mode, plan.world_size, [w.rank for w in plan.workers]) == ("per-node", 8, [4, 5, 6, 7])
+
+
+def test_pbs_job_script_on_several_nodes_says_how_to_launch(tmp_path: Path) -> None:
+    nodefile = slot_file(tmp_path, "nodefile", ["n01", "n02"])
+    with pytest.raises(HpctorchError, match="pbsdsh -u hpctorch run"):
+        detect({"PBS_JOBID": "1", "PBS_NODEFILE": nodefile})
+    with pytest.raises(HpctorchError, match="PBS_NODEFILE is not"):
+        detect({"PBS_JOBID": "1"})
+    with pytest.raises(HpctorchError, match="cannot be read"):
+        detect({"PBS_JOBID": "1", "PBS_NODEFILE": str(tmp_path / "missing")})
+
+
+def test_lsf_under_jsrun(tmp_path: Path) -> None:
+    rankfile = slot_file(tmp_path, "rankfile", ["h41n01"] * 6 + ["h41n02"] * 6)
+    env = {"LSB_JOBID": "777", "LSB_DJOB_RANKFILE": rankfile, "LS_SUBCWD": "/gpfs/u",
+           "JSM_NAMESPACE_RANK": "7", "JSM_NAMESPACE_SIZE": "12", "JSM_NAMESPACE_LOCAL_RANK": "1", "JSM_NAMESPACE_LOCAL_SIZE": "6"}
+    a = detect(env)
+    assert (a.scheduler, a.nodes, a.tasks_per_node, a.task_rank, a.node_index, a.local_task_rank, a.launched_ranks) == (
+        "lsf", ("h41n01", "h41n02"), (6, 6), 7, 1, 1, True)
+
+
+def test_lsf_single_node_from_mcpu_hosts() -> None:
+    a = detect({"LSB_JOBID": "9", "LSB_MCPU_HOSTS": "h1 4"})
+    assert (a.nodes, a.slots_per_node) == (("h1",), (4,))
+    with pytest.raises(HpctorchError, match="jsrun -r 1"):
+        detect({"LSB_JOBID": "9", "LSB_MCPU_HOSTS": "h1 4 h2 4"})
+
+
+def test_flux_run_needs_the_allgather() -> None:
+    env = {"FLUX_JOB_ID": "ƒ2Wb7u5TKP", "FLUX_TASK_RANK": "5", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_SIZE": "8", "FLUX_JOB_NNODES": "2", "PMI_RANK": "5", "PMI_SIZE": "8"}
+    a = detect(env)
+    assert (a.scheduler, a.task_rank, a.local_task_rank, a.tasks_per_node, a.needs_bootstrap) == ("flux", 5, 1, (4, 4), True)
+    assert detect({**env, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}).scheduler == "openmpi"
+
+
+def test_sge_single_host_and_several(tmp_path: Path) -> None:
+    pe = slot_file(tmp_path, "pe", ["h1 8 all.q@h1 UNDEFINED"])
+    a = detect({"JOB_ID": "31", "PE_HOSTFILE": pe, "NSLOTS": "8", "SGE_O_WORKDIR": "/w"})
+    assert (a.scheduler, a.nodes, a.slots_per_node) == ("sge", ("h1",), (8,))
+    assert make_plan(a, Options(command=("x",)), facts()).nproc_per_node == (8,)
+    pe2 = slot_file(tmp_path, "pe2", ["h1 8 q UNDEFINED", "h2 8 q UNDEFINED"])
+    with pytest.raises(HpctorchError, match="qrsh -inherit"):
+        detect({"JOB_ID": "31", "PE_HOSTFILE": pe2})
+    assert detect({"JOB_ID": "31"}).scheduler == "local"  # JOB_ID alone is not SGE
+
+
+def test_kubeflow_pytorchjob_rank_is_the_pod() -> None:
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2"}
+    a = detect(env)
+    assert (a.scheduler, a.tasks_per_node, a.node_index, a.master_addr, a.master_port) == ("kubeflow", (1, 1, 1), 2, "job-master-0", 23456)
+    plan = make_plan(a, Options(nproc_per_node=4, command=("x",)), facts())
+    assert (plan.mode, plan.world_size, plan.node_rank, [w.rank for w in plan.workers]) == ("per-node", 12, 2, [8, 9, 10, 11])
+    pet = detect({"KUBERNETES_SERVICE_HOST": "x", "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "m", "PET_MASTER_PORT": "1"})
+    assert (pet.tasks_per_node, pet.node_index, pet.sources["node_index"]) == ((1, 1), 1, "PET_NODE_RANK")
