@@ -96,6 +96,9 @@ def main() -> None:
             say(f"step {step} loss {mean.item():.6f}")
     if rank == 0:
         say(f"done world={world} steps={args.steps}")
+    # Leave together: in per-task mode rank 0's process holds the rendezvous store,
+    # and a rank still tearing down when it exits can abort.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -144,8 +144,10 @@ class Plan:
             if reason:
                 line = f"{line:<46}  <- {reason}"
             lines.append(line)
-            if explain and key in self.sources:
-                lines.append(f"  {'':<11}   from {self.sources[key]}")
+        if explain:
+            lines.append("where each value came from:")
+            lines.extend(f"  {field:<16} {origin}" for field, origin in sorted(self.sources.items()))
+            lines.extend(f"  {var:<16} {why}" for var, why in sorted(self.reasons.items()) if var.isupper())
         if self.launcher_env:
             lines.append("added to every worker's environment:")
             lines.extend(f"  {k}={v}" for k, v in sorted(self.launcher_env.items()))

@@ -40,5 +40,5 @@ def test_init_under_mpirun_without_a_launcher(cluster: Cluster) -> None:
 
 def subprocess_run(cluster: Cluster, argv: list[str]):  # type: ignore[no-untyped-def]
     done = cluster.run("node1", argv, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     return done

@@ -37,13 +37,13 @@ def test_batch_script_without_srun_starts_the_step_itself(cluster: Cluster, job_
 
 def test_srun_per_task(cluster: Cluster, job_dir: Path) -> None:
     done = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-N2", "--ntasks-per-node=2", "--kill-on-bad-exit=1", *HPCTORCH, "run", TOY, "--steps", "6"])
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert_trained_across_nodes(done.stdout)
 
 
 def test_init_under_srun_without_a_launcher(cluster: Cluster, job_dir: Path) -> None:
     done = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-N2", "--ntasks-per-node=2", "--kill-on-bad-exit=1", PYTHON, TOY, "--init", "hpctorch", "--steps", "6"])
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert_trained_across_nodes(done.stdout)
 
 
@@ -57,6 +57,6 @@ def test_interface_trap_fails_fast_on_the_management_net_and_passes_on_the_fabri
     assert "hpctorch: error: rendezvous at 198.19.0.1:" in bad.stderr, bad.stderr
     # By default hpctorch picks the fabric and exchanges node1's fabric address itself.
     good = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *srun, *HPCTORCH, "run", "--nproc-per-node", "2", TOY, "--steps", "6"])
-    assert good.returncode == 0, good.stderr
+    assert good.returncode == 0, (good.stdout[-2000:], good.stderr[-3000:])
     assert_trained_across_nodes(good.stdout)
     assert "GLOO_SOCKET_IFNAME=hsn0" in good.stderr and "read from" not in good.stderr  # node 0 prints the plan
