@@ -1,4 +1,4 @@
-"""Command line: ``hpctorch run | plan | hostlist``. Thin: parse, plan, act."""
+"""Command line: ``hpctorch run | plan | submit | hostlist``. Thin: parse, plan, act."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from . import hostlist
 from .errors import HpctorchError
 from .plan import DEFAULT_RDZV_TIMEOUT_S, MODES, Options, Plan
+from .submit import SUBMIT_COMMANDS
 
 EXIT_USAGE = 2
 
@@ -77,6 +78,29 @@ def _parser() -> _Parser:
     plan.add_argument("--explain", action="store_true", help="show which variable each value came from")
     plan.add_argument("script", nargs="?", default=None)
     plan.add_argument("script_args", nargs=argparse.REMAINDER)
+    job = sub.add_parser("submit", help="write a job script for a scheduler and submit it", allow_abbrev=False)
+    add = job.add_argument
+    add("--nodes", type=int, required=True)
+    add("--time", required=True, help="wall time: 2:00:00, 90 (minutes), 1-12:00:00, 90m, 2h")
+    add("--gpus-per-node", type=int, default=None)
+    add("--cpus-per-node", type=int, default=None)
+    add("--nproc-per-node", "--nproc_per_node", type=int, default=None, help="workers per node (default: --gpus-per-node, else hpctorch's default)")
+    add("--partition", "--queue", "-p", default=None)
+    add("--account", "-A", default=None)
+    add("--job-name", default="hpctorch")
+    add("--output", default=None, help="log file pattern (default per scheduler, e.g. hpctorch-%%x-%%j.out)")
+    add("--scheduler", choices=sorted(SUBMIT_COMMANDS), default=None, help="default: the one whose submit command is on PATH")
+    add("--preempt-signal", default=None, metavar="SIG@SECONDS", help="e.g. USR1@120: signal every rank this long before the end")
+    add("--requeue", action="store_true", help="let the scheduler requeue the job")
+    add("--dry-run", action="store_true", help="print the script, submit nothing")
+    add("--template", default=None, metavar="FILE", help="your own template (placeholders as in the packaged ones)")
+    add("--job-script", default=None, metavar="FILE", help="where to write the job script (default: hpctorch-JOBNAME.SCHEDULER.sh)")
+    for flag in ("--sbatch-arg", "--qsub-arg", "--bsub-arg", "--flux-arg", "--scheduler-arg"):
+        add(flag, dest="extra", action="append", default=[], metavar="ARG", help="passed to the scheduler as a directive" if flag == "--scheduler-arg" else argparse.SUPPRESS)
+    add("--iface", default=None, help="passed on to hpctorch run")
+    add("-m", "--module", action="store_true")
+    add("script")
+    add("script_args", nargs=argparse.REMAINDER)
     hosts = sub.add_parser("hostlist", help="expand or compress Slurm hostlists", allow_abbrev=False)
     hosts_sub = hosts.add_subparsers(dest="action", required=True, parser_class=_Parser)
     hosts_sub.add_parser("expand", help="EXPR -> one name per line").add_argument("expr")
@@ -100,7 +124,7 @@ def _worker_command(args: argparse.Namespace) -> tuple[str, ...]:
 def _check_script(args: argparse.Namespace) -> None:
     if args.module or args.script is None:
         return
-    if args.no_python:
+    if getattr(args, "no_python", False):
         return  # looked up on PATH at exec time
     if not os.path.isfile(args.script):
         raise HpctorchError(f"script {args.script!r} not found", "check the path (relative to the current directory)")
@@ -171,6 +195,56 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _submit(args: argparse.Namespace) -> int:
+    from . import submit
+
+    scheduler = args.scheduler or submit.default_scheduler()
+    run_args = [*(["--iface", args.iface] if args.iface else []), *(["-m"] if args.module else []), args.script, *args.script_args]
+    _check_script(args)
+    for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--cpus-per-node", args.cpus_per_node), ("--nproc-per-node", args.nproc_per_node)):
+        if value is not None and value < 1:
+            raise HpctorchError(f"{flag} {value} is not a count", f"give {flag} 1 or more, or leave it out")
+    request = submit.JobRequest(
+        command=tuple(run_args),
+        nodes=args.nodes,
+        time_s=submit.parse_time(args.time),
+        nproc_per_node=args.nproc_per_node,
+        gpus_per_node=args.gpus_per_node,
+        cpus_per_node=args.cpus_per_node,
+        partition=args.partition,
+        account=args.account,
+        job_name=args.job_name,
+        output=args.output,
+        preempt=submit.parse_signal(args.preempt_signal) if args.preempt_signal else None,
+        requeue=args.requeue,
+        extra=tuple(args.extra),
+    )
+    template = None
+    if args.template:
+        try:
+            with open(args.template, encoding="utf-8") as source:
+                template = source.read()
+        except OSError as exc:
+            raise HpctorchError(f"cannot read --template {args.template}: {exc.strerror}", "check the path") from None
+    text = submit.render(request, scheduler, template)
+    if args.dry_run:
+        sys.stdout.write(text)
+        return 0
+    path = args.job_script or f"hpctorch-{args.job_name}.{scheduler}.sh"
+    if os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as existing:
+            if "Written by hpctorch submit" not in existing.read(4096):
+                raise HpctorchError(f"{path} exists and is not a job script hpctorch wrote", "pass --job-script with a new file name")
+    with open(path, "w", encoding="utf-8") as script:
+        script.write(text)
+    os.chmod(path, 0o755)
+    job_id = submit.submit(path, scheduler)
+    logs = (request.output or submit.DEFAULT_OUTPUT[scheduler] or f"{args.job_name}.o<id>")
+    logs = logs.replace("%x", args.job_name).replace("%j", job_id).replace("%J", job_id).replace("{{id}}", job_id).replace("<id>", job_id)
+    print(f"submitted {scheduler} job {job_id}; script: {path}; logs: {logs}")
+    return 0
+
+
 def _hostlist(args: argparse.Namespace) -> int:
     if args.action == "expand":
         print("\n".join(hostlist.expand(args.expr)))
@@ -185,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = _parser().parse_args(argv)
         args.argv = argv
-        handler = {"run": _run, "plan": _plan, "hostlist": _hostlist}[args.command]
+        handler = {"run": _run, "plan": _plan, "submit": _submit, "hostlist": _hostlist}[args.command]
         return handler(args)
     except HpctorchError as exc:
         print(f"hpctorch: error: {exc.line()}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -60,3 +61,15 @@ def test_interface_trap_fails_fast_on_the_management_net_and_passes_on_the_fabri
     assert good.returncode == 0, (good.stdout[-2000:], good.stderr[-3000:])
     assert_trained_across_nodes(good.stdout)
     assert "GLOO_SOCKET_IFNAME=hsn0" in good.stderr and "read from" not in good.stderr  # node 0 prints the plan
+
+
+def test_hpctorch_submit_writes_a_script_slurm_runs(cluster: Cluster, job_dir: Path) -> None:
+    done = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *HPCTORCH, "submit", "--scheduler", "slurm",
+                                 "--nodes", "2", "--nproc-per-node", "2", "--time", "5", "--job-name", "toy", TOY, "--steps", "6"])
+    assert done.returncode == 0, done.stderr
+    match = re.search(r"submitted slurm job (\d+); script: (\S+); logs: (\S+)", done.stdout)
+    assert match, done.stdout
+    job_id, script, logs = match.groups()
+    assert logs == f"hpctorch-toy-{job_id}.out" and (job_dir / script).exists()
+    assert cluster.wait_job(job_id) == "COMPLETED"
+    assert_trained_across_nodes((job_dir / logs).read_text())

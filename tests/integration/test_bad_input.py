@@ -34,6 +34,12 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("plan", "--master-port", "70000"), ("70000",)),
         (("hostlist", "expand", "n[1-"), ("never closed",)),
         (("run",), ("script",)),
+        (("submit", "--nodes", "0", "--time", "1:00", "--scheduler", "slurm", "--dry-run", SCRIPT), ("--nodes 0",)),
+        (("submit", "--nodes", "2", "--time", "soon", "--scheduler", "slurm", "--dry-run", SCRIPT), ("--time 'soon'",)),
+        (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "moab", "--dry-run", SCRIPT), ("moab",)),
+        (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--account", "a\nb", "--dry-run", SCRIPT), ("newline",)),
+        (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--dry-run", "nope.py"), ("not found",)),
+        (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--job-script", SCRIPT, SCRIPT), ("not a job script hpctorch wrote",)),
     ],
 )
 def test_bad_command_lines(args: tuple[str, ...], words: tuple[str, ...]) -> None:
