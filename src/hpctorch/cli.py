@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from . import hostlist
 from .errors import HpctorchError
 from .plan import DEFAULT_RDZV_TIMEOUT_S, MODES, Options, Plan
-from .submit import SUBMIT_COMMANDS
+
+SCHEDULERS = ("flux", "lsf", "pbs", "slurm")  # submit.SUBMIT_COMMANDS, without importing it
 
 EXIT_USAGE = 2
 
@@ -89,7 +90,7 @@ def _parser() -> _Parser:
     add("--account", "-A", default=None)
     add("--job-name", default="hpctorch")
     add("--output", default=None, help="log file pattern (default per scheduler, e.g. hpctorch-%%x-%%j.out)")
-    add("--scheduler", choices=sorted(SUBMIT_COMMANDS), default=None, help="default: the one whose submit command is on PATH")
+    add("--scheduler", choices=SCHEDULERS, default=None, help="default: the one whose submit command is on PATH")
     add("--preempt-signal", default=None, metavar="SIG@SECONDS", help="e.g. USR1@120: signal every rank this long before the end")
     add("--requeue", action="store_true", help="let the scheduler requeue the job")
     add("--dry-run", action="store_true", help="print the script, submit nothing")

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 
 from . import network
 from .allocation import Allocation
-from .bootstrap import mpi_exchange
 from .errors import HpctorchError
 from .facts import HostFacts, gather
 from .schedulers import hostfile
@@ -46,5 +45,7 @@ def plan_here(options: Options, env: Mapping[str, str]) -> Plan:
             if options.iface:
                 raise
             iface = None  # a lone machine with loopback only: fine if every rank is here
+        from .bootstrap import mpi_exchange  # subprocess and json only when MPI needs them
+
         allocation = mpi_exchange(allocation, iface, options.rdzv_timeout)
     return make_plan(allocation, options, facts)

@@ -6,6 +6,7 @@ import errno
 import fnmatch
 import ipaddress
 import socket
+import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -60,7 +61,71 @@ class Interface:
 
 
 def list_interfaces() -> list[Interface]:
-    """This host's interfaces, from psutil."""
+    """This host's interfaces: netlink on Linux (fast, no import), psutil elsewhere."""
+    try:
+        return _netlink_interfaces()
+    except (OSError, AttributeError, struct.error):
+        return _psutil_interfaces()
+
+
+_RTM_GETADDR, _RTM_NEWADDR, _NLMSG_DONE, _NLMSG_ERROR = 22, 20, 3, 2
+_IFA_ADDRESS, _IFA_LOCAL = 1, 2
+_IFF_UP = 0x1
+
+
+def _netlink_interfaces() -> list[Interface]:
+    """One RTM_GETADDR dump over rtnetlink: every address of every interface.
+
+    psutil costs ~16 ms to import; this answers in well under 1 ms, and unlike the
+    SIOCGIFCONF ioctl it also sees secondary addresses.
+    """
+    names = {index: name for index, name in socket.if_nameindex()}
+    found: dict[str, tuple[list[ipaddress.IPv4Interface], list[ipaddress.IPv6Interface]]] = {n: ([], []) for n in names.values()}
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as link:  # 0: NETLINK_ROUTE
+        link.settimeout(2.0)
+        link.bind((0, 0))
+        # nlmsghdr (len, type, flags=REQUEST|DUMP, seq, pid) + ifaddrmsg (any family)
+        link.send(struct.pack("=IHHII", 24, _RTM_GETADDR, 0x301, 1, 0) + struct.pack("=BBBBI", 0, 0, 0, 0, 0))
+        done = False
+        while not done:
+            data = link.recv(65536)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, kind = struct.unpack_from("=IH", data, offset)
+                if length < 16 or kind in (_NLMSG_DONE, _NLMSG_ERROR):
+                    done = True
+                    break
+                if kind == _RTM_NEWADDR:
+                    family, prefix, _, _, index = struct.unpack_from("=BBBBI", data, offset + 16)
+                    attributes: dict[int, bytes] = {}
+                    position = offset + 24
+                    while position + 4 <= offset + length:
+                        size, attr = struct.unpack_from("=HH", data, position)
+                        if size < 4:
+                            break
+                        attributes[attr] = data[position + 4 : position + size]
+                        position += (size + 3) & ~3
+                    # IFA_LOCAL is the interface's own address (IFA_ADDRESS is the peer on p2p links).
+                    raw = attributes.get(_IFA_LOCAL) or attributes.get(_IFA_ADDRESS)
+                    name = names.get(index)
+                    if raw and name:
+                        if family == socket.AF_INET:
+                            found[name][0].append(ipaddress.IPv4Interface((socket.inet_ntop(family, raw), prefix)))
+                        elif family == socket.AF_INET6:
+                            found[name][1].append(ipaddress.IPv6Interface((socket.inet_ntop(family, raw), prefix)))
+                offset += (length + 3) & ~3
+    result = []
+    for name, (v4, v6) in found.items():
+        try:
+            with open(f"/sys/class/net/{name}/flags", encoding="ascii") as flags:
+                up = bool(int(flags.read().strip(), 16) & _IFF_UP)
+        except (OSError, ValueError):
+            up = bool(v4 or v6)
+        result.append(Interface(name, tuple(v4), tuple(v6), up))
+    return sorted(result, key=lambda i: i.name)
+
+
+def _psutil_interfaces() -> list[Interface]:
     import psutil
 
     stats = psutil.net_if_stats()

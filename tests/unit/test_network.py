@@ -53,3 +53,9 @@ def test_port_is_free_sees_a_listening_socket() -> None:
 def test_this_host_lists_loopback() -> None:
     names = {i.name: i for i in network.list_interfaces()}
     assert any(i.is_loopback and i.address == "127.0.0.1" for i in names.values())
+
+
+def test_netlink_and_psutil_see_the_same_interfaces() -> None:
+    fast = {(i.name, i.ipv4, frozenset(i.ipv6), i.is_up) for i in network._netlink_interfaces()}
+    slow = {(i.name, i.ipv4, frozenset(i.ipv6), i.is_up) for i in network._psutil_interfaces()}
+    assert fast == slow

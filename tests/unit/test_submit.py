@@ -75,3 +75,10 @@ def test_signals_and_unsupported_combinations() -> None:
         render(JobRequest(command=("t.py",), nodes=0, time_s=60), "slurm")
     with pytest.raises(HpctorchError, match="placeholder"):
         render(MINIMAL, "slurm", template="#!/bin/sh\n$nosuch\n")
+
+
+def test_cli_knows_every_scheduler_submit_knows() -> None:
+    from hpctorch.cli import SCHEDULERS
+    from hpctorch.submit import SUBMIT_COMMANDS
+
+    assert SCHEDULERS == tuple(sorted(SUBMIT_COMMANDS))
