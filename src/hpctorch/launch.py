@@ -15,7 +15,7 @@ from .errors import HpctorchError
 from .plan import ROLE, Plan
 
 PLAN_ENV = "HPCTORCH_AGENT_PLAN"
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = 3
 
 
 class WorkersFailed(Exception):
@@ -101,12 +101,17 @@ def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None,
         # which on many hosts resolves to 127.0.1.1 or a management network.
         local_addr=plan.master_addr,
         logs_specs=_logs_specs(log_dir, tee, redirects),
+        # Workers get SIGTERM first; a job being torn down must not wait 30 s for SIGKILL.
+        shutdown_timeout=STOP_GRACE_S,
     )
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
+    from .watchdog import JobWatchdog
+
+    watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout).start()
     try:
         elastic_launch(config, plan.command[0])(*plan.command[1:])
     except ChildFailedError as exc:
@@ -114,15 +119,19 @@ def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None,
         code = failure.exitcode
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         where = failure.error_file if os.path.exists(failure.error_file) else (log_dir or "its output above")
-        node = f" on node {plan.node_rank}" if plan.nnodes > 1 else ""
-        raise WorkersFailed(
-            f"rank {rank}{node} (local rank {failure.local_rank}) {how}; details: {where}",
-            exit_code=128 - code if code < 0 else 1,
-        ) from None
+        host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes else ""
+        node = f" on node {plan.node_rank}{host}" if plan.nnodes > 1 else ""
+        summary = f"rank {rank}{node} (local rank {failure.local_rank}) {how}; details: {where}"
+        watchdog.report_failure(summary)
+        raise WorkersFailed(summary, exit_code=128 - code if code < 0 else 1) from None
     except SignalException as exc:
+        if watchdog.reason:
+            raise WorkersFailed(f"stopped: {watchdog.reason}", exit_code=1) from None
         # The agent already stopped its workers; say so once and keep 128+signal.
+        watchdog.report_failure(f"node {plan.node_rank} was stopped by {exc.sigval.name}")
         raise WorkersFailed(f"stopped by {exc.sigval.name}", exit_code=128 + int(exc.sigval)) from None
     except (DistError, RendezvousError, RuntimeError) as exc:
+        watchdog.report_failure(f"node {plan.node_rank} could not join the rendezvous")
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HpctorchError(
             f"rendezvous at {plan.master_addr}:{plan.master_port or '(any)'} failed: {first}",
@@ -130,6 +139,7 @@ def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None,
             f"{plan.iface or 'the chosen interface'} (hpctorch plan shows why it was chosen), "
             "or raise --rdzv-timeout",
         ) from None
+    watchdog.finished()
 
 
 def run_agent_from_env() -> int:

@@ -1,0 +1,119 @@
+"""One dead rank must not leave the others waiting: whole-job teardown across nodes."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ROOT
+from .conftest import PYTHON
+from .harness import Cluster
+
+pytestmark = pytest.mark.cluster
+COMPUTE = str(ROOT / "tests" / "fixtures" / "compute.py")
+
+
+class Job:
+    """hpctorch in hostfile mode on every node, its output read as it comes."""
+
+    def __init__(self, cluster: Cluster, job_dir: Path, *extra: str) -> None:
+        hosts = job_dir / "hosts"
+        hosts.write_text("".join(f"{n} slots=2\n" for n in cluster.names))
+        argv = [PYTHON, "-m", "hpctorch", "run", "--hostfile", str(hosts), "--rendezvous-dir", str(job_dir), *extra, COMPUTE, "--seconds", "60"]
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stderr: list[str] = []
+        self.nodes = [subprocess.Popen(cluster.on(n, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env()) for n in cluster.names]
+        for process in self.nodes:
+            threading.Thread(target=self._pump, args=(process.stdout, self.lines.put), daemon=True).start()
+            threading.Thread(target=self._pump, args=(process.stderr, self.stderr.append), daemon=True).start()
+
+    @staticmethod
+    def _pump(stream, sink) -> None:  # type: ignore[no-untyped-def]
+        for line in stream:
+            sink(line)
+
+    def ready_workers(self, count: int, timeout: float = 120) -> dict[int, tuple[int, str]]:
+        workers: dict[int, tuple[int, str]] = {}
+        deadline = time.monotonic() + timeout
+        while len(workers) < count:
+            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            match = re.search(r"READY rank=(\d+) pid=(\d+) host=(\S+)", line)
+            if match:
+                workers[int(match.group(1))] = (int(match.group(2)), match.group(3))
+        return workers
+
+    def wait_all(self, timeout: float) -> float:
+        started = time.monotonic()
+        for process in self.nodes:
+            process.wait(timeout=max(0.1, timeout - (time.monotonic() - started)))
+        return time.monotonic() - started
+
+    def kill(self) -> None:
+        for process in self.nodes:
+            if process.poll() is None:
+                process.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_killed_worker_on_node2_ends_the_whole_job(cluster: Cluster, job_dir: Path) -> None:
+    job = Job(cluster, job_dir)
+    try:
+        workers = job.ready_workers(4)
+        victim_pid, host = workers[3]
+        assert host == "node2"
+        os.kill(victim_pid, signal.SIGKILL)
+        # Without teardown the others sit in time.sleep(60) and then hang in the barrier.
+        elapsed = job.wait_all(timeout=45)
+    finally:
+        job.kill()
+    assert all(p.returncode != 0 for p in job.nodes)
+    assert not any(_alive(pid) for pid, _ in workers.values())
+    errors = "".join(job.stderr)
+    assert "rank 3 on node 1 (node2) (local rank 1) was killed by signal 9" in errors, errors[-2000:]
+    assert "hpctorch: stopped: rank 3 on node 1 (node2)" in errors
+    print(f"teardown after kill -9: {elapsed:.1f} s")
+
+
+def test_a_vanished_node_is_noticed_and_named(cluster: Cluster, job_dir: Path) -> None:
+    job = Job(cluster, job_dir)
+    frozen: list[int] = []
+    try:
+        workers = job.ready_workers(4)
+        node2_agent = job.nodes[1].pid
+        frozen = [node2_agent] + [pid for pid, host in workers.values() if host == "node2"]
+        subprocess.run(["ip", "-n", cluster.netns("node2"), "link", "set", "hsn0", "down"], check=True)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        job.nodes[0].wait(timeout=60)
+        elapsed = time.monotonic() - started
+    finally:
+        subprocess.run(["ip", "-n", cluster.netns("node2"), "link", "set", "hsn0", "up"], check=False)
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        job.kill()
+    assert job.nodes[0].returncode != 0
+    assert elapsed < 30
+    errors = "".join(job.stderr)
+    assert "node 1 (node2) went silent" in errors, errors[-2000:]
+    assert not any(_alive(pid) for pid, host in workers.values() if host == "node1")
+    print(f"silent node noticed, job ended after {elapsed:.1f} s")
