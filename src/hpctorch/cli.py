@@ -61,6 +61,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--log-dir", "--log_dir", default=None, help="keep each worker's output under this directory")
     add("--tee", default=None, help="torchrun's --tee: also copy std streams to --log-dir (0-3)")
     add("--redirects", "-r", default=None, help="torchrun's --redirects (0-3)")
+    add("--requeue", action="store_true", help="after a preemption signal (SIGUSR1/2), requeue the job with the scheduler's command")
     add("--standalone", action="store_true", help="accepted for torchrun compatibility: one node")
     add("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
     add("--no-python", "--no_python", action="store_true", help="run the script as an executable, not with python")
@@ -179,7 +180,7 @@ def _run(args: argparse.Namespace) -> int:
         if plan.simulated:
             launch.run_simulated(plan, log_dir=args.log_dir)
         else:
-            launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects)
+            launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue)
     except launch.WorkersFailed as exc:
         print(f"hpctorch: {exc.line}", file=sys.stderr)
         return exc.exit_code

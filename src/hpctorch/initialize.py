@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from .plan import DEFAULT_RDZV_TIMEOUT_S
 
 TORCH_CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_PREEMPTED = threading.Event()
+
+
+def _watch_preemption() -> None:
+    """Flag SIGUSR1/SIGUSR2 instead of dying of them, unless the script handles them."""
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, lambda _signum, _frame: _PREEMPTED.set())
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,11 @@ class Context:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def preempted(self) -> bool:
+        """True once SIGUSR1 or SIGUSR2 arrived (a scheduler's warning before the end);
+        cheap enough to poll every step, then checkpoint and exit."""
+        return _PREEMPTED.is_set()
 
     def close(self) -> None:
         """Leave the process group together with every other rank.
@@ -62,6 +77,8 @@ def init(backend: str | None = None, timeout_s: float = DEFAULT_RDZV_TIMEOUT_S) 
     The backend is nccl when CUDA is available, else gloo.
     """
     prepare_env()
+    if threading.current_thread() is threading.main_thread():
+        _watch_preemption()
     import torch
     import torch.distributed as dist
 

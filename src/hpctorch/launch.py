@@ -76,7 +76,7 @@ def _logs_specs(log_dir: str | None, tee: str | None, redirects: str | None):  #
     )
 
 
-def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None, redirects: str | None = None) -> None:
+def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None, redirects: str | None = None, requeue: bool = False) -> None:
     """Start this node's workers with torch's elastic agent and wait for them."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -112,6 +112,7 @@ def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None,
     from .watchdog import JobWatchdog
 
     watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout).start()
+    preempted = _forward_preemption_to_children()
     try:
         elastic_launch(config, plan.command[0])(*plan.command[1:])
     except ChildFailedError as exc:
@@ -123,6 +124,7 @@ def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None,
         node = f" on node {plan.node_rank}{host}" if plan.nnodes > 1 else ""
         summary = f"rank {rank}{node} (local rank {failure.local_rank}) {how}; details: {where}"
         watchdog.report_failure(summary)
+        _requeue_if_preempted(plan, preempted, requeue)
         raise WorkersFailed(summary, exit_code=128 - code if code < 0 else 1) from None
     except SignalException as exc:
         if watchdog.reason:
@@ -140,6 +142,47 @@ def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None,
             "or raise --rdzv-timeout",
         ) from None
     watchdog.finished()
+    _requeue_if_preempted(plan, preempted, requeue)
+
+
+PREEMPT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _forward_preemption_to_children() -> list[int]:
+    """Pass SIGUSR1/SIGUSR2 (Slurm's --signal, LSF's -wa) on to every worker, so their
+    handlers can checkpoint; the agent itself keeps running. Returns the signals seen."""
+    import psutil
+
+    seen: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        seen.append(signum)
+        for child in psutil.Process().children():
+            try:
+                child.send_signal(signum)
+            except psutil.Error:
+                pass
+
+    for sig in PREEMPT_SIGNALS:
+        signal.signal(sig, forward)
+    return seen
+
+
+def _requeue_if_preempted(plan: Plan, preempted: Sequence[int], requeue: bool) -> None:
+    """After a preemption signal, node 0 asks the scheduler to requeue the job."""
+    if not (requeue and preempted and plan.node_rank == 0 and plan.job_id):
+        return
+    command = {"slurm": ["scontrol", "requeue"], "pbs": ["qrerun"], "lsf": ["brequeue"]}.get(plan.scheduler)
+    if command is None:
+        print(f"hpctorch: --requeue: {plan.scheduler} has no requeue command; not requeued", file=sys.stderr)
+        return
+    try:
+        done = subprocess.run([*command, plan.job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"hpctorch: --requeue: {command[0]} failed: {exc}", file=sys.stderr)
+        return
+    outcome = "requeued" if done.returncode == 0 else f"not requeued: {done.stderr.strip()}"
+    print(f"hpctorch: preempted by {signal.Signals(preempted[0]).name}; job {plan.job_id} {outcome}", file=sys.stderr, flush=True)
 
 
 def run_agent_from_env() -> int:
@@ -180,7 +223,13 @@ def run_simulated(plan: Plan, log_dir: str | None = None) -> None:
         received.append(signum)
         _stop(agents, signum)
 
+    def pass_on(signum: int, _frame: object) -> None:
+        for agent in agents:
+            if agent.poll() is None:
+                os.kill(agent.pid, signum)  # each agent forwards it to its workers
+
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous.update({s: signal.signal(s, pass_on) for s in PREEMPT_SIGNALS})
     try:
         failed: int | None = None
         while True:

@@ -122,6 +122,17 @@ class Cluster:
         subprocess.run(["scancel", job_id], env=self.env(), timeout=10, check=False)
         return f"TIMEOUT ({state})"
 
+    def mpirun(self, per_node: int, argv: Sequence[str], mpirun: str = "mpirun") -> list[str]:
+        """An OpenMPI command line over every node, ``per_node`` ranks each, started by
+        the ssh stand-in that enters each node's namespace."""
+        hosts = ",".join(f"{node}:{per_node}" for node in self.names)
+        return [
+            mpirun, "--allow-run-as-root", "--oversubscribe", "-H", hosts, "-np", str(per_node * self.count),
+            "--mca", "plm_rsh_agent", str(self.dir / "rsh-agent"),
+            "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "198.18.0.0/24",
+            "--mca", "oob_tcp_if_include", "198.18.0.0/24", *argv,
+        ]
+
     # ---- life cycle ------------------------------------------------------
     def up(self) -> "Cluster":
         self.down()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -73,3 +74,35 @@ def test_hpctorch_submit_writes_a_script_slurm_runs(cluster: Cluster, job_dir: P
     assert logs == f"hpctorch-toy-{job_id}.out" and (job_dir / script).exists()
     assert cluster.wait_job(job_id) == "COMPLETED"
     assert_trained_across_nodes((job_dir / logs).read_text())
+
+
+def test_preemption_signal_reaches_every_rank_and_the_job_is_requeued(cluster: Cluster, job_dir: Path) -> None:
+    markers = job_dir / "markers"
+    markers.mkdir()
+    script = job_dir / "job.sh"
+    preemptible = str(Path(TOY).parent.parent / "tests" / "fixtures" / "preemptible.py")
+    script.write_text(f"#!/bin/sh\nsrun {' '.join(HPCTORCH)} run --requeue --nproc-per-node 2 {preemptible} --markers {markers}\n")
+    out = job_dir / "out.txt"
+    submitted = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "sbatch", "--parsable", "--requeue", "-N2", "--ntasks-per-node=1", "-o", str(out), str(script)], timeout=30)
+    job_id = submitted.stdout.strip()
+    deadline = time.monotonic() + 120
+    while (not out.exists() or out.read_text().count("READY") < 4) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert out.read_text().count("READY") == 4, out.read_text()[-2000:]
+    signalled = subprocess.run(["scancel", "--signal=USR1", job_id], env=cluster.env(), capture_output=True, text=True, timeout=30)
+    assert signalled.returncode == 0, signalled.stderr
+    # Every rank checkpoints; node 0 requeues; the second run finds SLURM_RESTART_COUNT=1 and resumes.
+    deadline = time.monotonic() + 180
+    hurried = False
+    while len(list(markers.glob("*.resumed"))) < 4 and time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env(), capture_output=True, text=True, timeout=10).stdout
+        if not hurried and "Restarts=1" in shown and "JobState=PENDING" in shown:
+            # Slurm holds a requeued job back for a while; the test need not wait for that.
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env(), timeout=10, check=False)
+            hurried = True
+        time.sleep(0.5)
+    assert sorted(p.name for p in markers.glob("*.preempted")) == [f"rank{r}.preempted" for r in range(4)]
+    assert sorted(p.name for p in markers.glob("*.resumed")) == [f"rank{r}.resumed" for r in range(4)]
+    assert cluster.wait_job(job_id) == "COMPLETED"
+    shown = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env(), capture_output=True, text=True, timeout=10).stdout
+    assert "Restarts=1" in shown
