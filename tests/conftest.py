@@ -8,6 +8,7 @@ Tests that need something a laptop may lack (root, scontrol, mpirun) call
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,14 @@ def require(condition: bool, reason: str) -> None:
     if STRICT:
         pytest.fail(f"required in CI (HPCTORCH_REQUIRE_CLUSTER=1): {reason}")
     pytest.skip(reason)
+
+
+PREFIX = re.compile(r"^\[[^\]\n]*rank \d+\]: ", re.M)
+
+
+def unprefixed(output: str) -> str:
+    """Worker output without hpctorch's '[host rank R]: ' line prefixes (per-task mode has none)."""
+    return PREFIX.sub("", output)
 
 
 def hpctorch(*args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:

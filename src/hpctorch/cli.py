@@ -61,6 +61,9 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--log-dir", "--log_dir", default=None, help="keep each worker's output under this directory")
     add("--tee", default=None, help="torchrun's --tee: also copy std streams to --log-dir (0-3)")
     add("--redirects", "-r", default=None, help="torchrun's --redirects (0-3)")
+    add("--no-prefix", action="store_true", help="leave workers' output as it is (default: each line starts with [host rank R])")
+    add("--quiet-ranks", action="store_true", help="show only rank 0's output on the terminal (every rank's is kept in --log-dir)")
+    add("--console-ranks", default=None, metavar="R,R,...", help="global ranks whose output reaches the terminal")
     add("--requeue", action="store_true", help="after a preemption signal (SIGUSR1/2), requeue the job with the scheduler's command")
     add("--standalone", action="store_true", help="accepted for torchrun compatibility: one node")
     add("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
@@ -162,6 +165,17 @@ def build_plan(args: argparse.Namespace) -> Plan:
     return plan_here(_options(args), os.environ)
 
 
+def _console_ranks(args: argparse.Namespace) -> set[int] | None:
+    if args.quiet_ranks:
+        return {0}
+    if args.console_ranks is None:
+        return None
+    try:
+        return {int(rank) for rank in args.console_ranks.split(",") if rank.strip()}
+    except ValueError:
+        raise HpctorchError(f"--console-ranks {args.console_ranks!r} is not a list of ranks", "write e.g. --console-ranks 0,4") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     from . import launch
     from .rendezvous import exchange_master
@@ -176,11 +190,13 @@ def _run(args: argparse.Namespace) -> int:
         launch.exec_per_task(plan)
     if plan.node_rank == 0:  # one copy per job, not one per node
         print(plan.table(), file=sys.stderr, flush=True)
+    console = _console_ranks(args)
     try:
         if plan.simulated:
-            launch.run_simulated(plan, log_dir=args.log_dir)
+            launch.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console)
         else:
-            launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue)
+            launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue,
+                                prefix=not args.no_prefix, console_ranks=console)
     except launch.WorkersFailed as exc:
         print(f"hpctorch: {exc.line}", file=sys.stderr)
         return exc.exit_code

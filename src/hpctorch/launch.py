@@ -15,6 +15,7 @@ from .errors import HpctorchError
 from .plan import ROLE, Plan
 
 PLAN_ENV = "HPCTORCH_AGENT_PLAN"
+OUTPUT_ENV = "HPCTORCH_AGENT_OUTPUT"
 STOP_GRACE_S = 3
 
 
@@ -66,18 +67,46 @@ def exec_step(plan: Plan, hpctorch_argv: Sequence[str]) -> None:
         ) from None
 
 
-def _logs_specs(log_dir: str | None, tee: str | None, redirects: str | None):  # type: ignore[no-untyped-def]
+def _logs_specs(plan: Plan, log_dir: str | None, tee: str | None, redirects: str | None, console_ranks: set[int] | None):  # type: ignore[no-untyped-def]
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
+    local_filter = None
+    if console_ranks is not None:
+        base = sum(plan.nproc_per_node[: plan.node_rank])
+        local_filter = {rank - base for rank in console_ranks if 0 <= rank - base < plan.nproc_per_node[plan.node_rank]}
+        # torch reads an empty filter as "show everyone"; -1 matches no local rank.
+        local_filter = local_filter or {-1}
     return DefaultLogsSpecs(
         log_dir=log_dir,
         redirects=Std.from_str(redirects or "0"),
         tee=Std.from_str(tee or "0"),
+        local_ranks_filter=local_filter,
     )
 
 
-def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None, redirects: str | None = None, requeue: bool = False) -> None:
-    """Start this node's workers with torch's elastic agent and wait for them."""
+def line_prefix(plan: Plan) -> str:
+    """torch's per-line prefix template: the global rank, and the node when there are several."""
+    if plan.nnodes == 1:
+        return "[rank ${rank}]: "
+    where = plan.nodes[plan.node_rank] if plan.nodes else f"node {plan.node_rank}"
+    return f"[{where} rank ${{rank}}]: "
+
+
+def run_per_node(
+    plan: Plan,
+    log_dir: str | None = None,
+    tee: str | None = None,
+    redirects: str | None = None,
+    requeue: bool = False,
+    prefix: bool = True,
+    console_ranks: set[int] | None = None,
+) -> None:
+    """Start this node's workers with torch's elastic agent and wait for them.
+
+    With ``prefix`` (the default) every line a worker prints reaches the terminal as
+    ``[host rank R]: line`` and is also kept per rank under ``log_dir`` (a temporary
+    directory unless given): torch's tee does both.
+    """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     os.environ.update(plan.launcher_env)
@@ -100,7 +129,8 @@ def run_per_node(plan: Plan, log_dir: str | None = None, tee: str | None = None,
         # The address rank 0 advertises under c10d; without it torch uses getfqdn(),
         # which on many hosts resolves to 127.0.1.1 or a management network.
         local_addr=plan.master_addr,
-        logs_specs=_logs_specs(log_dir, tee, redirects),
+        logs_specs=_logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks),
+        log_line_prefix_template=line_prefix(plan) if prefix else None,
         # Workers get SIGTERM first; a job being torn down must not wait 30 s for SIGKILL.
         shutdown_timeout=STOP_GRACE_S,
     )
@@ -189,8 +219,10 @@ def run_agent_from_env() -> int:
     """Entry point of one simulated node's agent: run the plan handed over in the env."""
     plan = Plan.from_dict(json.loads(os.environ.pop(PLAN_ENV)))
     log_dir = os.environ.pop("HPCTORCH_AGENT_LOG_DIR", None)
+    output = json.loads(os.environ.pop(OUTPUT_ENV, "{}"))
+    console = output.get("console_ranks")
     try:
-        run_per_node(plan, log_dir=log_dir)
+        run_per_node(plan, log_dir=log_dir, prefix=output.get("prefix", True), console_ranks=set(console) if console is not None else None)
     except (HpctorchError, WorkersFailed) as exc:
         print(f"hpctorch node {plan.node_rank}: {exc}", file=sys.stderr, flush=True)
         return getattr(exc, "exit_code", 2)
@@ -206,12 +238,13 @@ def _stop(processes: Sequence[subprocess.Popen], sig: int) -> None:
                 pass
 
 
-def run_simulated(plan: Plan, log_dir: str | None = None) -> None:
+def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None) -> None:
     """One agent process per simulated node; when one fails, stop them all."""
     agents = []
     for node_plan in plan.node_plans:
         env = dict(os.environ)
         env[PLAN_ENV] = json.dumps(node_plan.to_dict())
+        env[OUTPUT_ENV] = json.dumps({"prefix": prefix, "console_ranks": sorted(console_ranks) if console_ranks is not None else None})
         if log_dir:
             env["HPCTORCH_AGENT_LOG_DIR"] = os.path.join(log_dir, f"node{node_plan.node_rank}")
         # Each agent leads its own process group, so stopping it reaches its workers too.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, require
+from ..conftest import ROOT, require, unprefixed
 from .harness import Cluster, missing_requirements
 
 PYTHON = sys.executable
@@ -37,7 +37,7 @@ def job_dir(tmp_path: Path) -> Path:
 
 
 def toy_ranks(output: str) -> list[dict[str, str]]:
-    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in output.splitlines() if line.startswith("rank=")]
+    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in unprefixed(output).splitlines() if line.startswith("rank=")]
 
 
 def assert_trained_across_nodes(output: str, nodes: int = 2, per_node: int = 2) -> None:
@@ -51,6 +51,6 @@ def assert_trained_across_nodes(output: str, nodes: int = 2, per_node: int = 2) 
         assert int(r["rank"]) // per_node == int(r["node_rank"]), r
     masters = {r["master"] for r in ranks}
     assert len(masters) == 1 and next(iter(masters)).startswith("198.18.0.1:"), masters
-    losses = [float(x) for x in re.findall(r"^step \d+ loss (\S+)$", output, re.M)]
+    losses = [float(x) for x in re.findall(r"^step \d+ loss (\S+)$", unprefixed(output), re.M)]
     assert losses and losses[-1] < losses[0]
     assert f"done world={world}" in output

@@ -8,8 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from ..conftest import EXAMPLES, ROOT, clean_env, hpctorch
+from ..conftest import EXAMPLES, ROOT, clean_env, hpctorch, unprefixed
 from .reports import reports
 
 REPORT = str(ROOT / "tests" / "fixtures" / "report.py")
@@ -18,12 +19,12 @@ REPORT = str(ROOT / "tests" / "fixtures" / "report.py")
 def test_demo_two_simulated_nodes_of_two_workers_trains() -> None:
     done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "2", str(EXAMPLES / "toy_ddp.py"), "--steps", "8", env=clean_env(), timeout=300)
     assert done.returncode == 0, done.stderr
-    ranks = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in done.stdout.splitlines() if line.startswith("rank=")]
+    ranks = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in unprefixed(done.stdout).splitlines() if line.startswith("rank=")]
     assert sorted(int(r["rank"]) for r in ranks) == [0, 1, 2, 3]
     assert {r["world"] for r in ranks} == {"4"}
     assert {(r["rank"], r["node_rank"]) for r in ranks} == {("0", "0"), ("1", "0"), ("2", "1"), ("3", "1")}
     assert len({r["master"] for r in ranks}) == 1
-    losses = [float(x) for x in re.findall(r"^step \d+ loss (\S+)$", done.stdout, re.M)]
+    losses = [float(x) for x in re.findall(r"^step \d+ loss (\S+)$", unprefixed(done.stdout), re.M)]
     assert len(losses) == 8 and losses[-1] < losses[0]
     assert all(b < a for a, b in zip(losses, losses[1:]))
     assert "done world=4 steps=8" in done.stdout
@@ -125,3 +126,18 @@ def _free_port() -> int:
 def test_hostlist_commands() -> None:
     assert hpctorch("hostlist", "expand", "nid[0009-0011]").stdout.split() == ["nid0009", "nid0010", "nid0011"]
     assert hpctorch("hostlist", "compress", "n1", "n2,n3", "x").stdout.strip() == "n[1-3],x"
+
+
+def test_output_is_prefixed_filtered_and_kept_per_rank(tmp_path: Path) -> None:
+    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "2", "--quiet-ranks", "--log-dir", str(tmp_path),
+                    str(EXAMPLES / "toy_ddp.py"), "--steps", "3", env=clean_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    shown = {m for m in re.findall(r"^\[node \d rank (\d)\]: ", done.stdout, re.M)}
+    assert shown == {"0"}  # --quiet-ranks: only rank 0 on the terminal
+    assert "[node 0 rank 0]: done world=4 steps=3" in done.stdout
+    kept = sorted(tmp_path.rglob("stdout.log"))
+    assert len(kept) == 4  # every rank's output is kept: node0/.../0, 1 and node1/.../0, 1
+    texts = [p.read_text() for p in kept]
+    assert sorted(int(re.search(r"^rank=(\d)", t, re.M).group(1)) for t in texts) == [0, 1, 2, 3]
+    plain = hpctorch("run", "--no-prefix", "--nproc-per-node", "2", str(EXAMPLES / "toy_ddp.py"), "--steps", "2", env=clean_env(), timeout=300)
+    assert plain.returncode == 0 and "[rank" not in plain.stdout and "done world=2" in plain.stdout

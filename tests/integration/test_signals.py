@@ -27,7 +27,7 @@ def _wait_ready(process: subprocess.Popen, count: int, timeout: float = 120) -> 
         assert time.monotonic() < deadline, "workers never became ready"
         line = process.stdout.readline()  # type: ignore[union-attr]
         assert line, process.stderr.read()  # type: ignore[union-attr]
-        ready += line.startswith("READY")
+        ready += "READY rank=" in line
 
 
 def test_sigusr1_reaches_every_rank_on_every_simulated_node(tmp_path: Path) -> None:
