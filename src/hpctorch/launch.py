@@ -158,6 +158,7 @@ def run_per_node(
         raise WorkersFailed(summary, exit_code=128 - code if code < 0 else 1) from None
     except SignalException as exc:
         if watchdog.reason:
+            watchdog.close()
             raise WorkersFailed(f"stopped: {watchdog.reason}", exit_code=1) from None
         # The agent already stopped its workers; say so once and keep 128+signal.
         watchdog.report_failure(f"node {plan.node_rank} was stopped by {exc.sigval.name}")

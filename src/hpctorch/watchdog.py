@@ -26,6 +26,7 @@ from .plan import Plan
 POLL_S = 0.5
 SILENT_AFTER_S = 10.0
 UNREACHABLE_AFTER_S = 3.0
+STORE_TIMEOUT_S = 2
 
 
 class JobWatchdog:
@@ -45,19 +46,26 @@ class JobWatchdog:
 
     def report_failure(self, summary: str) -> None:
         """Tell every node that this one failed (best effort: the store may be gone)."""
-        self._stop.set()
-        if self._store is not None:
-            try:
-                self._store.set(self.prefix + "abort", summary)
-            except Exception:  # noqa: BLE001 - the store's host may have died first
-                pass
+        self._finish(self.prefix + "abort", summary)
 
     def finished(self) -> None:
+        self._finish(f"{self.prefix}done/{self.plan.node_rank}", "1")
+
+    def close(self) -> None:
+        """Stop watching without telling anyone (the abort is already in the store)."""
+        self._finish(None, "")
+
+    def _finish(self, key: str | None, value: str) -> None:
+        # Join before the last write and before this process exits: a daemon thread
+        # left inside a C++ store call at interpreter shutdown aborts the process.
         self._stop.set()
-        if self._store is not None:
+        if self._thread.is_alive():
+            self._thread.join(timeout=STORE_TIMEOUT_S + POLL_S + 1)
+        store, self._store = self._store, None
+        if store is not None and key is not None:
             try:
-                self._store.set(f"{self.prefix}done/{self.plan.node_rank}", "1")
-            except Exception:  # noqa: BLE001
+                store.set(key, value)
+            except Exception:  # noqa: BLE001 - the store's host may have exited first
                 pass
 
     def _connect(self):  # type: ignore[no-untyped-def]
@@ -67,7 +75,7 @@ class JobWatchdog:
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
                 return TCPStore(self.plan.master_addr, self.plan.master_port, is_master=False,
-                                timeout=datetime.timedelta(seconds=5), wait_for_workers=False)
+                                timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
             except Exception:  # noqa: BLE001 - not up yet; the rendezvous reports a real failure
                 time.sleep(POLL_S)
         return None

@@ -33,7 +33,6 @@ def test_hostfile_on_every_node(cluster: Cluster, job_dir: Path, by: str) -> Non
     # Names resolve to the unreachable management net: node1 hands its fabric
     # address to the others through the shared directory. Addresses need no exchange.
     results = run_everywhere(cluster, [PYTHON, "-m", "hpctorch", "run", "--hostfile", str(hostfile), "--rendezvous-dir", str(job_dir), TOY, "--steps", "6"])
-    for result in results:
-        assert result.returncode == 0, result.stderr[-2000:]
+    assert [r.returncode for r in results] == [0] * len(results), "\n".join(r.stderr[-3000:] for r in results)
     assert_trained_across_nodes("".join(r.stdout for r in results))
     assert (job_dir / ".hpctorch").exists() == (by == "name")
