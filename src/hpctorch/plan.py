@@ -183,6 +183,17 @@ def _resolve_mode(allocation: Allocation, options: Options) -> tuple[str, str]:
     return "per-node", "one launcher on this node starts the workers"
 
 
+def _workers_per_node(allocation: Allocation, options: Options, facts: HostFacts, nnodes: int) -> tuple[tuple[int, ...], str]:
+    """Per-node mode: how many workers each node starts, and why."""
+    if options.nproc_per_node is not None:
+        return (options.nproc_per_node,) * nnodes, "--nproc-per-node"
+    if allocation.slots_per_node and len(allocation.slots_per_node) == nnodes:
+        return allocation.slots_per_node, f"slots in {allocation.sources.get('nodes', allocation.scheduler)}"
+    if facts.gpus:
+        return (len(facts.gpus),) * nnodes, f"one per visible GPU ({','.join(facts.gpus)})"
+    return (1,) * nnodes, "no GPU visible: one process"
+
+
 def _check_nnodes(allocation: Allocation, options: Options) -> int:
     nnodes = options.nnodes if options.nnodes is not None else allocation.nnodes
     if nnodes < 1:
@@ -233,7 +244,7 @@ def _is_ip(address: str) -> bool:
 def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:
     """Decide how to run ``options.command`` on ``allocation``; raises HpctorchError."""
     reasons: dict[str, str] = {}
-    sources = {k: v for k, v in allocation.sources.items()}
+    sources = dict(allocation.sources)
     if options.nproc_per_node is not None and options.nproc_per_node < 1:
         raise HpctorchError(f"--nproc-per-node {options.nproc_per_node} starts nothing", "give 1 or more")
 
@@ -253,16 +264,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Pla
         reasons["nproc_per_node"] = f"tasks {allocation.scheduler} started per node"
     else:
         node_rank, reasons["node_rank"] = _node_rank(allocation, options, nnodes)
-        if options.nproc_per_node is not None:
-            nproc, reasons["nproc_per_node"] = options.nproc_per_node, "--nproc-per-node"
-        elif allocation.slots_per_node and len(allocation.slots_per_node) == nnodes:
-            nproc = 0
-            reasons["nproc_per_node"] = f"slots in {allocation.sources.get('nodes', allocation.scheduler)}"
-        elif facts.gpus:
-            nproc, reasons["nproc_per_node"] = len(facts.gpus), f"one per visible GPU ({','.join(facts.gpus)})"
-        else:
-            nproc, reasons["nproc_per_node"] = 1, "no GPU visible: one process"
-        nproc_per_node = allocation.slots_per_node if nproc == 0 and allocation.slots_per_node else (nproc,) * nnodes
+        nproc_per_node, reasons["nproc_per_node"] = _workers_per_node(allocation, options, facts, nnodes)
 
     nodes = allocation.nodes if len(allocation.nodes) == nnodes else ()
     master_port = _master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)

@@ -46,15 +46,9 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         return None
     in_step = bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")) and env.get("SLURM_PROCID") is not None
     step_id, _ = _first(env, "SLURM_STEP_ID", "SLURM_STEPID")
-    # The batch script runs as step "batch"/"extern" with no SLURM_STEP_* lists: read job-level ones.
-    if in_step:
-        nodelist, nodelist_var = _first(env, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
-        tasks_raw, tasks_var = _first(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-        ntasks, ntasks_var = _first(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-    else:
-        nodelist, nodelist_var = _first(env, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-        tasks_raw, tasks_var = _first(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
-        ntasks, ntasks_var = None, None
+    # The batch script runs with no SLURM_STEP_* lists: it reads the job's node list.
+    step_first = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+    nodelist, nodelist_var = _first(env, *(step_first if in_step else ("SLURM_JOB_NODELIST", "SLURM_NODELIST")))
     if nodelist is None or nodelist_var is None:
         raise HpctorchError(
             f"{job_var}={job_id} is set but no SLURM_*NODELIST is",
@@ -80,6 +74,8 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
             sources=sources,
         )
 
+    tasks_raw, tasks_var = _first(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    _, ntasks_var = _first(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
     if tasks_raw is None or tasks_var is None:
         raise HpctorchError("a Slurm step without SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE", "run the step with srun")
     tasks = parse_tasks_per_node(tasks_raw, tasks_var)
