@@ -45,7 +45,7 @@ def exchange_master(plan: Plan) -> Plan:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             record = None
-        if isinstance(record, dict) and record.get("run_id") == plan.run_id and record.get("addr"):
+        if _written_by_master(plan, record):
             return plan.with_master_addr(str(record["addr"]))
         if time.monotonic() > deadline:
             master = plan.nodes[0] if plan.nodes else "node 0"
@@ -55,3 +55,16 @@ def exchange_master(plan: Plan) -> Plan:
                 "or pass --master-addr",
             )
         time.sleep(POLL_S)
+
+
+def _written_by_master(plan: Plan, record: object) -> bool:
+    """This run's record, written on the node that holds rank 0 now.
+
+    A requeued job keeps its job and step ids, so a file from its previous run has
+    the same run id; the address is only right if the writer is today's node 0.
+    """
+    if not isinstance(record, dict) or record.get("run_id") != plan.run_id or not record.get("addr"):
+        return False
+    if not plan.nodes:
+        return True
+    return str(record.get("host", "")).split(".")[0] == plan.nodes[0].split(".")[0]

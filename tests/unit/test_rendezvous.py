@@ -31,7 +31,8 @@ def plans(tmp_path: Path, timeout: int = 10):  # type: ignore[no-untyped-def]
     return at(0), at(1)
 
 
-def test_node0_writes_and_node1_reads_the_fabric_address(tmp_path: Path) -> None:
+def test_node0_writes_and_node1_reads_the_fabric_address(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("hpctorch.rendezvous.socket.gethostname", lambda: "node1")  # the writer is node 0
     master, other = plans(tmp_path)
     assert master.master_exchange == other.master_exchange == str(tmp_path / ".hpctorch" / "slurm-42.0.master.json")
     assert (master.master_addr, other.master_addr) == ("198.18.0.1", "")
@@ -61,3 +62,15 @@ def test_no_exchange_when_the_name_resolves_onto_the_fabric(tmp_path: Path) -> N
     allocation = Allocation(scheduler="slurm", nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="42", node_index=1, submit_dir=str(tmp_path))
     plan = make_plan(allocation, Options(command=("x",)), facts(resolved={"node1": ("198.18.0.1",)}))
     assert plan.master_exchange is None and plan.master_addr == "198.18.0.1"
+
+
+def test_a_file_from_a_previous_run_on_another_master_host_is_ignored(tmp_path: Path) -> None:
+    _, other = plans(tmp_path, timeout=1)
+    path = Path(other.master_exchange or "")
+    path.parent.mkdir(parents=True)
+    # Same run id (a requeued job), but written by node7, which no longer holds rank 0.
+    path.write_text(json.dumps({"run_id": other.run_id, "addr": "198.18.0.7", "host": "node7"}))
+    with pytest.raises(HpctorchError, match="waited 1 s for node1"):
+        exchange_master(other)
+    path.write_text(json.dumps({"run_id": other.run_id, "addr": "198.18.0.1", "host": "node1.cluster.example"}))
+    assert exchange_master(other).master_addr == "198.18.0.1"
