@@ -4,11 +4,12 @@ detect the allocation, read this host, run the MPI bootstrap if needed, plan."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from . import network
 from .allocation import Allocation
 from .errors import HpctorchError
-from .facts import HostFacts, gather
+from .facts import HostFacts, gather, resolve
 from .schedulers import hostfile
 from .plan import Options, Plan, make_plan
 from .schedulers import detect
@@ -26,9 +27,15 @@ def _from_host_list(options: Options, env: Mapping[str, str]) -> tuple[Allocatio
         origin, text = "--hosts", "\n".join(h for h in (options.hosts or "").replace(",", " ").split())
     entries = hostfile.parse(text, origin)
     names = [host for host, _ in entries]
-    facts = gather(env, resolve_hosts=names)
+    # Only the master's name must be resolved; the others only if this host is listed
+    # neither by name nor by address (a long host list would cost a lookup per host).
+    facts = gather(env, resolve_hosts=names[:1])
     own = [str(a.ip) for i in facts.interfaces for a in i.ipv4 + i.ipv6]  # type: ignore[operator]
-    return hostfile.allocation(entries, origin, facts.hostname, own, facts.resolved), facts
+    try:
+        return hostfile.allocation(entries, origin, facts.hostname, own, facts.resolved), facts
+    except HpctorchError:
+        facts = replace(facts, resolved={**facts.resolved, **{name: resolve(name) for name in names[1:]}})
+        return hostfile.allocation(entries, origin, facts.hostname, own, facts.resolved), facts
 
 
 def plan_here(options: Options, env: Mapping[str, str]) -> Plan:
