@@ -139,8 +139,11 @@ def run_per_node(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
+    from . import agreement
     from .watchdog import JobWatchdog
 
+    # Held until the launch returns: torch's static rendezvous serves through it.
+    master_store = agreement.check(plan, plan.rdzv_timeout) if plan.nnodes > 1 else None  # noqa: F841
     watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout).start()
     preempted = _forward_preemption_to_children()
     try:

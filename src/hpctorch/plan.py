@@ -6,6 +6,7 @@ import ipaddress
 import json
 import os
 import shlex
+import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
@@ -80,6 +81,9 @@ class Plan:
     master_exchange: str | None = None
     """A file in a shared directory through which node 0 tells the others its address:
     node 0 writes it, the others wait for it (their ``master_addr`` is empty until then)."""
+    agreement_dir: str | None = None
+    """A directory all nodes share, where each node's planned values are compared with
+    the others' before any worker starts (see ``agreement``); None when none is known."""
     step_launcher: tuple[str, ...] = ()
     """Mode launch-step: run re-executes itself under this command, one task per node."""
 
@@ -295,6 +299,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Pla
         sources=sources,
         command=options.command,
         master_exchange=exchange,
+        agreement_dir=_agreement_dir(allocation, options, nodes),
     )
     local_count = nproc_per_node[node_rank] if mode == "per-node" else 1
     launcher_env = _launcher_env(allocation, options, facts, iface, nodes, local_count, reasons)
@@ -504,6 +509,24 @@ def _master_port(
         "MASTER_PORT nor a job id gives one",
         "pass --master-port (the same on every node), or export MASTER_PORT",
     )
+
+
+def _agreement_dir(allocation: Allocation, options: Options, nodes: tuple[str, ...]) -> str | None:
+    """Named by what every node of one job shares even when their plans differ (not the port)."""
+    shared_dir = options.rendezvous_dir or allocation.submit_dir
+    if not shared_dir:
+        return None
+    if options.run_id:
+        key = options.run_id
+    elif allocation.job_id:
+        key = f"{allocation.scheduler}-{allocation.job_id}" + (f".{allocation.step_id}" if allocation.step_id else "")
+    elif nodes:
+        key = f"{allocation.scheduler}-{zlib.crc32(','.join(nodes).encode()):08x}"
+    elif options.rendezvous_dir:
+        key = "job"  # nothing else names it: the directory the user gave is the job's
+    else:
+        return None
+    return os.path.join(shared_dir, ".hpctorch", f"{key}.agreement")
 
 
 def _run_id(allocation: Allocation, options: Options, facts: HostFacts, nnodes: int, master_port: int) -> str:

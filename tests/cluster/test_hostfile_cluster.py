@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -35,4 +36,24 @@ def test_hostfile_on_every_node(cluster: Cluster, job_dir: Path, by: str) -> Non
     results = run_everywhere(cluster, [PYTHON, "-m", "hpctorch", "run", "--hostfile", str(hostfile), "--rendezvous-dir", str(job_dir), TOY, "--steps", "6"])
     assert [r.returncode for r in results] == [0] * len(results), "\n".join(r.stderr[-3000:] for r in results)
     assert_trained_across_nodes("".join(r.stdout for r in results))
-    assert (job_dir / ".hpctorch").exists() == (by == "name")
+    assert bool(list(job_dir.glob(".hpctorch/*.master.json"))) == (by == "name")
+
+
+def test_a_node_forced_onto_another_port_fails_fast_with_the_difference(cluster: Cluster, job_dir: Path) -> None:
+    hostfile = job_dir / "hosts"
+    hostfile.write_text("".join(f"{fabric_addr(i)} slots=1\n" for i in range(1, cluster.count + 1)))
+    argv = [PYTHON, "-m", "hpctorch", "run", "--hostfile", str(hostfile), "--rendezvous-dir", str(job_dir), "--master-port"]
+    started = time.monotonic()
+    processes = [
+        subprocess.Popen(cluster.on(node, [*argv, str(29400 + (index == cluster.count - 1)), TOY]),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env())
+        for index, node in enumerate(cluster.names)
+    ]
+    errors = [p.communicate(timeout=60)[1] for p in processes]
+    elapsed = time.monotonic() - started
+    assert [p.returncode for p in processes] == [2] * cluster.count, errors
+    for err in errors:
+        line = err.strip().splitlines()[-1]
+        assert "the nodes planned different jobs: master address:port:" in line, err
+        assert f"{fabric_addr(1)}:29400" in line and f"{fabric_addr(1)}:29401" in line, line
+    assert elapsed < 10, f"disagreement took {elapsed:.1f} s"

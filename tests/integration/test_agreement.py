@@ -1,0 +1,70 @@
+"""Nodes that planned different jobs fail at once with the differing values (not at the rendezvous timeout)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ROOT, clean_env
+
+SCRIPT = str(ROOT / "tests" / "fixtures" / "report.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _two_nodes(node_args: list[list[str]]) -> tuple[list[subprocess.CompletedProcess], float]:
+    started = time.monotonic()
+    common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--rdzv-timeout", "60"]
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "hpctorch", "run", *common, "--node-rank", str(rank), *args, SCRIPT],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+        for rank, args in enumerate(node_args)
+    ]
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=90)
+        results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    return results, time.monotonic() - started
+
+
+def _assert_both_name(results: list[subprocess.CompletedProcess], *words: str) -> None:
+    for result in results:
+        assert result.returncode == 2, result.stderr
+        line = result.stderr.strip().splitlines()[-1]
+        assert line.startswith("hpctorch: error: the nodes planned different jobs"), result.stderr
+        for word in words:
+            assert word in line, line
+        assert "Traceback" not in result.stderr
+
+
+def test_a_node_with_another_port_fails_fast_through_the_shared_directory(tmp_path: Path) -> None:
+    port = _free_port()
+    shared = ["--rendezvous-dir", str(tmp_path), "--nproc-per-node", "1"]
+    results, elapsed = _two_nodes([["--master-port", str(port), *shared], ["--master-port", str(port + 1), *shared]])
+    _assert_both_name(results, f"127.0.0.1:{port},", f"127.0.0.1:{port + 1}")
+    assert elapsed < 10 + 8, elapsed  # two interpreters importing torch on a 2-core machine
+
+
+def test_a_node_with_another_world_size_fails_fast_through_the_store() -> None:
+    port = str(_free_port())
+    results, elapsed = _two_nodes([["--master-port", port, "--nproc-per-node", "1"], ["--master-port", port, "--nproc-per-node", "2"]])
+    _assert_both_name(results, "world size: node 0 (", ") 2, node 1 (", ") 4")
+    assert elapsed < 10 + 8, elapsed
+
+
+@pytest.mark.parametrize("rdzv_dir", [True, False])
+def test_agreeing_nodes_run(tmp_path: Path, rdzv_dir: bool) -> None:
+    port = str(_free_port())
+    extra = ["--rendezvous-dir", str(tmp_path)] if rdzv_dir else []
+    results, _ = _two_nodes([["--master-port", port, "--nproc-per-node", "1", *extra]] * 2)
+    assert [r.returncode for r in results] == [0, 0], results[0].stderr + results[1].stderr
+    assert not list((tmp_path / ".hpctorch").glob("*/node*.json")), "records are removed once agreed"
