@@ -166,6 +166,7 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
             ) from None
         store.set(f"{STORE_PREFIX}{plan.node_rank}", json.dumps(mine))
     keys = [f"{STORE_PREFIX}{n}" for n in range(plan.nnodes)]
+    stored: dict[int, object] = {}
     try:
         while True:
             files.publish()
@@ -177,27 +178,41 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
                 except Exception:  # noqa: BLE001 - not a store, or gone again: keep waiting
                     store = None
             if store is not None:
-                present = [k for k in keys if store.check([k])]
-                seen.update({int(k.rsplit("/", 1)[1]): json.loads(store.get(k)) for k in present})
-                if len(present) == len(keys) and not differences({**seen, plan.node_rank: mine}):
+                try:
+                    stored = {int(k.rsplit("/", 1)[1]): json.loads(store.get(k)) for k in keys if store.check([k])}
+                except Exception:  # noqa: BLE001 - node 0 went away: wait for it again
+                    store, stored = (store, stored) if plan.is_master else (None, {})
+                seen.update(stored)
+                if len(stored) == len(keys) and not differences({**seen, plan.node_rank: mine}):
                     return store if plan.is_master else None
             lines = differences({**seen, plan.node_rank: mine})
             if lines:
                 _linger(files)
                 raise disagreement_error(lines)
             if time.monotonic() > deadline:
-                missing = [n for n in range(plan.nnodes) if n not in seen and n != plan.node_rank]
-                names = ", ".join(f"{n} ({plan.nodes[n]})" if plan.nodes else str(n) for n in missing)
-                raise HpctorchError(
-                    f"waited {timeout_s:.0f} s for node(s) {names} to reach the master's store at "
-                    f"{plan.master_addr}:{plan.master_port}",
-                    "check that every node started with the same options (a different --master-port "
-                    "or --master-addr on one node shows here when they share --rendezvous-dir), "
-                    "or raise --rdzv-timeout",
-                )
+                raise _timeout_error(plan, timeout_s, store is not None, stored)
             time.sleep(POLL_S)
     finally:
         files.remove()
+
+
+def _timeout_error(plan: Plan, timeout_s: float, connected: bool, stored: Mapping[int, object]) -> HpctorchError:
+    where = f"{plan.master_addr}:{plan.master_port}"
+    if not connected:
+        return HpctorchError(
+            f"could not reach the master's store at {where} from {plan.iface or 'this node'} within {timeout_s:.0f} s",
+            f"check that node 0 started and is reachable on {plan.iface or 'the chosen interface'} "
+            "('hpctorch plan' shows why it was chosen), that every node got the same --master-addr "
+            "and --master-port, or raise --rdzv-timeout",
+        )
+    missing = [n for n in range(plan.nnodes) if n not in stored and n != plan.node_rank]
+    names = ", ".join(f"{n} ({plan.nodes[n]})" if plan.nodes else str(n) for n in missing)
+    return HpctorchError(
+        f"waited {timeout_s:.0f} s for node(s) {names} to reach the master's store at {where}",
+        "check that every node started, with the same options (a different --master-port or "
+        "--master-addr on one node is named here when the nodes share --rendezvous-dir), "
+        "or raise --rdzv-timeout",
+    )
 
 
 def _linger(files: _SharedFiles) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import ROOT
 from .conftest import PYTHON, TOY, assert_trained_across_nodes
 from .harness import Cluster
 
@@ -49,6 +50,22 @@ def test_init_under_srun_without_a_launcher(cluster: Cluster, job_dir: Path) -> 
     assert_trained_across_nodes(done.stdout)
 
 
+def test_a_killed_worker_ends_the_job_under_srun_without_kill_on_bad_exit(cluster: Cluster, job_dir: Path) -> None:
+    # srun alone would wait for the surviving tasks: hpctorch's watchdog must end them.
+    compute = ROOT / "tests" / "fixtures" / "compute.py"
+    body = (f"srun --kill-on-bad-exit=0 {' '.join(HPCTORCH)} run --nproc-per-node 2 {compute} --seconds 60 "
+            f"--die-rank 3 --death-marker {job_dir}/died\n"
+            f"echo srun exit $?\n{PYTHON} -c 'import time; print(time.time())' > {job_dir}/ended")
+    script = job_dir / "job.sh"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    _, output = cluster.sbatch(job_dir, script, "-N2", "--ntasks-per-node=1")
+    elapsed = float((job_dir / "ended").read_text()) - float((job_dir / "died").read_text())
+    assert "srun exit 0" not in output, output[-3000:]
+    assert "rank 3 on node 1 (node2) (local rank 1) was killed by signal 9" in output, output[-3000:]
+    assert elapsed < 5, f"the job outlived its dead rank by {elapsed:.1f} s"
+    print(f"srun without --kill-on-bad-exit: job ended {elapsed:.2f} s after the kill")
+
+
 def test_interface_trap_fails_fast_on_the_management_net_and_passes_on_the_fabric(cluster: Cluster, job_dir: Path) -> None:
     srun = ("srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1")
     # Forced onto the management interface the hostnames resolve to: node2 cannot reach node1.
@@ -56,7 +73,7 @@ def test_interface_trap_fails_fast_on_the_management_net_and_passes_on_the_fabri
     bad = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *srun, *HPCTORCH, "run", "--iface", "mgmt0", "--rdzv-timeout", "10", "--nproc-per-node", "2", TOY], timeout=120)
     assert bad.returncode != 0
     assert time.monotonic() - started < 60
-    assert "hpctorch: error: rendezvous at 198.19.0.1:" in bad.stderr, bad.stderr
+    assert "hpctorch: error: could not reach the master's store at 198.19.0.1:" in bad.stderr, bad.stderr
     # By default hpctorch picks the fabric and exchanges node1's fabric address itself.
     good = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *srun, *HPCTORCH, "run", "--nproc-per-node", "2", TOY, "--steps", "6"])
     assert good.returncode == 0, (good.stdout[-2000:], good.stderr[-3000:])
