@@ -7,24 +7,21 @@ two channels and compares every record it sees with its own:
 - the master's TCPStore: node 0 creates it now (multi-tenant, so torch's static
   rendezvous reuses it later) and every node that planned the same address and port
   reaches it; the check passes once all nodes' records are there and equal;
-- when the nodes share a directory, one file per node, rewritten with a beat counter
-  while its node waits: how nodes that cannot reach the same store still see each
-  other. A file counts only once its beat moves, so files left by an earlier run of
-  the same job are never read as this run's.
+- when the nodes share a directory, one beating file per node (``sharedfiles``): how
+  nodes that cannot reach the same store still see each other.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import os
 import socket
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from .errors import HpctorchError
 from .plan import Plan
+from .sharedfiles import BeatingFiles
 
 POLL_S = 0.25
 GRACE_S = 1.5
@@ -79,56 +76,6 @@ def disagreement_error(lines: list[str]) -> HpctorchError:
     )
 
 
-class _SharedFiles:
-    """The shared-directory channel: own record with a beat; peers' records once live."""
-
-    def __init__(self, directory: str | None, mine: dict[str, object]) -> None:
-        self.directory = Path(directory) if directory else None
-        self.mine = mine
-        self.beat = 0
-        self.first_beats: dict[int, int] = {}
-        self.live: dict[int, dict[str, object]] = {}
-
-    @property
-    def path(self) -> Path | None:
-        return self.directory / f"node{self.mine['node']}.json" if self.directory else None
-
-    def publish(self) -> None:
-        if self.path is None:
-            return
-        self.beat += 1
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            temporary.write_text(json.dumps({**self.mine, "beat": self.beat}))
-            os.replace(temporary, self.path)
-        except OSError:
-            self.directory = None  # not writable here: the store channel still works
-
-    def read_live(self) -> dict[int, dict[str, object]]:
-        if self.directory is None:
-            return self.live
-        for path in self.directory.glob("node*.json"):
-            try:
-                other = json.loads(path.read_text())
-                node, beat = int(other["node"]), int(other["beat"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            if node == self.mine["node"]:
-                continue
-            first = self.first_beats.setdefault(node, beat)
-            if beat != first:
-                self.live[node] = other
-        return self.live
-
-    def remove(self) -> None:
-        if self.path is not None:
-            try:
-                self.path.unlink()
-            except OSError:
-                pass
-
-
 def _reachable(address: str, port: int, timeout_s: float) -> bool:
     """A plain connect first: torch's store client logs a C++ trace for every refusal."""
     try:
@@ -153,7 +100,7 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
     Returns node 0's store, to be kept open until torch's rendezvous has taken it over.
     """
     mine = record(plan)
-    files = _SharedFiles(plan.agreement_dir, mine)
+    files = BeatingFiles(plan.agreement_dir, plan.node_rank, mine)
     deadline = time.monotonic() + timeout_s
     store = None
     if plan.is_master:
@@ -215,7 +162,7 @@ def _timeout_error(plan: Plan, timeout_s: float, connected: bool, stored: Mappin
     )
 
 
-def _linger(files: _SharedFiles) -> None:
+def _linger(files: BeatingFiles) -> None:
     end = time.monotonic() + GRACE_S
     while time.monotonic() < end:
         files.publish()

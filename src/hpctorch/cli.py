@@ -1,4 +1,4 @@
-"""Command line: ``hpctorch run | plan | submit | hostlist``. Thin: parse, plan, act."""
+"""Command line: ``hpctorch run | plan | doctor | submit | hostlist``. Thin: parse, plan, act."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from . import hostlist
 from .errors import HpctorchError
@@ -82,6 +83,10 @@ def _parser() -> _Parser:
     plan.add_argument("--explain", action="store_true", help="show which variable each value came from")
     plan.add_argument("script", nargs="?", default=None)
     plan.add_argument("script_args", nargs=argparse.REMAINDER)
+    doctor = sub.add_parser("doctor", help="run like the job on every node: find out why it would not start", allow_abbrev=False)
+    _add_launch_options(doctor)
+    doctor.add_argument("--timeout", type=float, default=30, metavar="S", help="seconds the whole check may take (default 30)")
+    doctor.add_argument("--json", default=None, metavar="FILE", help="write the whole report as JSON ('-' for stdout), for a bug report")
     job = sub.add_parser("submit", help="write a job script for a scheduler and submit it", allow_abbrev=False)
     add = job.add_argument
     add("--nodes", type=int, required=True)
@@ -113,7 +118,7 @@ def _parser() -> _Parser:
 
 
 def _worker_command(args: argparse.Namespace) -> tuple[str, ...]:
-    if args.script is None:
+    if getattr(args, "script", None) is None:
         return ()
     rest = [a for a in args.script_args if a != "--"] if args.script_args[:1] == ["--"] else args.script_args
     if args.no_python:
@@ -212,6 +217,18 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+
+    options = replace(_options(args), rdzv_timeout=min(args.rdzv_timeout, max(1, int(args.timeout * 0.4))))
+    code = doctor.run(options, os.environ, args.timeout, args.json, args.argv)
+    # torch was imported and a process group used: skip its exit-time teardown,
+    # which can abort the interpreter (see examples/toy_ddp.py).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _submit(args: argparse.Namespace) -> int:
     from . import submit
 
@@ -276,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = _parser().parse_args(argv)
         args.argv = argv
-        handler = {"run": _run, "plan": _plan, "submit": _submit, "hostlist": _hostlist}[args.command]
+        handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": _submit, "hostlist": _hostlist}[args.command]
         return handler(args)
     except HpctorchError as exc:
         print(f"hpctorch: error: {exc.line()}", file=sys.stderr)

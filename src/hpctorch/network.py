@@ -8,7 +8,7 @@ import ipaddress
 import socket
 import struct
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .errors import HpctorchError
@@ -69,6 +69,7 @@ def list_interfaces() -> list[Interface]:
 
 
 _RTM_GETADDR, _RTM_NEWADDR, _NLMSG_DONE, _NLMSG_ERROR = 22, 20, 3, 2
+_RTM_GETLINK, _RTM_NEWLINK = 18, 16
 _IFA_ADDRESS, _IFA_LOCAL = 1, 2
 _IFF_UP = 0x1
 
@@ -81,48 +82,59 @@ def _netlink_interfaces() -> list[Interface]:
     """
     names = {index: name for index, name in socket.if_nameindex()}
     found: dict[str, tuple[list[ipaddress.IPv4Interface], list[ipaddress.IPv6Interface]]] = {n: ([], []) for n in names.values()}
+    flags: dict[int, int] = {}
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as link:  # 0: NETLINK_ROUTE
         link.settimeout(2.0)
         link.bind((0, 0))
-        # nlmsghdr (len, type, flags=REQUEST|DUMP, seq, pid) + ifaddrmsg (any family)
-        link.send(struct.pack("=IHHII", 24, _RTM_GETADDR, 0x301, 1, 0) + struct.pack("=BBBBI", 0, 0, 0, 0, 0))
-        done = False
-        while not done:
-            data = link.recv(65536)
-            offset = 0
-            while offset + 16 <= len(data):
-                length, kind = struct.unpack_from("=IH", data, offset)
-                if length < 16 or kind in (_NLMSG_DONE, _NLMSG_ERROR):
-                    done = True
+        # Link flags from the kernel, not /sys/class/net: sysfs shows the namespace it
+        # was mounted in, which is not ours after nsenter --net or ip netns exec.
+        # nlmsghdr (len, type, flags=REQUEST|DUMP, seq, pid) + ifinfomsg (16 bytes)
+        link.send(struct.pack("=IHHII", 32, _RTM_GETLINK, 0x301, 1, 0) + bytes(16))
+        for kind, body in _dump(link):
+            if kind == _RTM_NEWLINK:
+                _, _, _, index, link_flags = struct.unpack_from("=BBHiI", body)
+                flags[index] = link_flags
+        # + ifaddrmsg (any family)
+        link.send(struct.pack("=IHHII", 24, _RTM_GETADDR, 0x301, 2, 0) + struct.pack("=BBBBI", 0, 0, 0, 0, 0))
+        for kind, body in _dump(link):
+            if kind != _RTM_NEWADDR:
+                continue
+            family, prefix, _, _, index = struct.unpack_from("=BBBBI", body)
+            attributes: dict[int, bytes] = {}
+            position = 8
+            while position + 4 <= len(body):
+                size, attr = struct.unpack_from("=HH", body, position)
+                if size < 4:
                     break
-                if kind == _RTM_NEWADDR:
-                    family, prefix, _, _, index = struct.unpack_from("=BBBBI", data, offset + 16)
-                    attributes: dict[int, bytes] = {}
-                    position = offset + 24
-                    while position + 4 <= offset + length:
-                        size, attr = struct.unpack_from("=HH", data, position)
-                        if size < 4:
-                            break
-                        attributes[attr] = data[position + 4 : position + size]
-                        position += (size + 3) & ~3
-                    # IFA_LOCAL is the interface's own address (IFA_ADDRESS is the peer on p2p links).
-                    raw = attributes.get(_IFA_LOCAL) or attributes.get(_IFA_ADDRESS)
-                    name = names.get(index)
-                    if raw and name:
-                        if family == socket.AF_INET:
-                            found[name][0].append(ipaddress.IPv4Interface((socket.inet_ntop(family, raw), prefix)))
-                        elif family == socket.AF_INET6:
-                            found[name][1].append(ipaddress.IPv6Interface((socket.inet_ntop(family, raw), prefix)))
-                offset += (length + 3) & ~3
-    result = []
-    for name, (v4, v6) in found.items():
-        try:
-            with open(f"/sys/class/net/{name}/flags", encoding="ascii") as flags:
-                up = bool(int(flags.read().strip(), 16) & _IFF_UP)
-        except (OSError, ValueError):
-            up = bool(v4 or v6)
-        result.append(Interface(name, tuple(v4), tuple(v6), up))
+                attributes[attr] = body[position + 4 : position + size]
+                position += (size + 3) & ~3
+            # IFA_LOCAL is the interface's own address (IFA_ADDRESS is the peer on p2p links).
+            raw = attributes.get(_IFA_LOCAL) or attributes.get(_IFA_ADDRESS)
+            name = names.get(index)
+            if raw and name:
+                if family == socket.AF_INET:
+                    found[name][0].append(ipaddress.IPv4Interface((socket.inet_ntop(family, raw), prefix)))
+                elif family == socket.AF_INET6:
+                    found[name][1].append(ipaddress.IPv6Interface((socket.inet_ntop(family, raw), prefix)))
+    by_name = {name: index for index, name in names.items()}
+    result = [
+        Interface(name, tuple(v4), tuple(v6), bool(flags.get(by_name[name], 0) & _IFF_UP))
+        for name, (v4, v6) in found.items()
+    ]
     return sorted(result, key=lambda i: i.name)
+
+
+def _dump(link: socket.socket) -> Iterator[tuple[int, bytes]]:
+    """The messages of one netlink dump reply: (type, body after the 16-byte header)."""
+    while True:
+        data = link.recv(65536)
+        offset = 0
+        while offset + 16 <= len(data):
+            length, kind = struct.unpack_from("=IH", data, offset)
+            if length < 16 or kind in (_NLMSG_DONE, _NLMSG_ERROR):
+                return
+            yield kind, data[offset + 16 : offset + length]
+            offset += (length + 3) & ~3
 
 
 def _psutil_interfaces() -> list[Interface]:

@@ -452,6 +452,10 @@ def _master_and_iface(
     if reaching:
         reasons["master_addr"] = f"{master_host} (node holding rank 0) resolves to it on {iface.name}"
         return reaching[0], iface, None
+    if _is_ip(master_host):
+        # Node 0 is listed by address: there is nothing better to exchange.
+        reasons["master_addr"] = f"node 0 is listed by its address (not on {iface.name})"
+        return master_host, iface, None
     found = ", ".join(resolved) or "nothing"
     if exchange:
         reasons["master_addr"] = (

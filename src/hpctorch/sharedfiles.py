@@ -1,0 +1,65 @@
+"""Records in a directory all nodes share, one file per node, kept alive by a beat.
+
+A node rewrites its file with an incremented beat while it runs; a reader counts a
+peer's record only once it saw the beat move, so files left by an earlier run of the
+same job are never read as this run's. Writes are atomic (write, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+
+class BeatingFiles:
+    def __init__(self, directory: str | None, node: int, record: Mapping[str, object]) -> None:
+        self.directory = Path(directory) if directory else None
+        self.node = node
+        self.record = dict(record)
+        self.beat = 0
+        self._first_beats: dict[int, int] = {}
+        self.live: dict[int, dict[str, object]] = {}
+        """The latest record of every peer seen alive."""
+
+    @property
+    def path(self) -> Path | None:
+        return self.directory / f"node{self.node}.json" if self.directory else None
+
+    def publish(self, **update: object) -> None:
+        """Rewrite this node's record (with ``update`` merged in) and beat once."""
+        self.record.update(update)
+        if self.path is None:
+            return
+        self.beat += 1
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            temporary.write_text(json.dumps({**self.record, "node": self.node, "beat": self.beat}))
+            os.replace(temporary, self.path)
+        except OSError:
+            self.directory = None  # not writable here: the caller's other channel remains
+
+    def read_live(self) -> dict[int, dict[str, object]]:
+        if self.directory is None:
+            return self.live
+        for path in self.directory.glob("node*.json"):
+            try:
+                other = json.loads(path.read_text())
+                node, beat = int(other["node"]), int(other["beat"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if node == self.node:
+                continue
+            first = self._first_beats.setdefault(node, beat)
+            if beat != first:
+                self.live[node] = other
+        return self.live
+
+    def remove(self) -> None:
+        if self.path is not None:
+            try:
+                self.path.unlink()
+            except OSError:
+                pass

@@ -1,0 +1,44 @@
+"""hpctorch doctor on simulated nodes: a healthy run, a busy master port, a node that cannot plan."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+from ..conftest import clean_env, hpctorch
+
+
+def test_simulated_nodes_pass_with_a_gloo_all_reduce(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    done = hpctorch("doctor", "--simulate-nodes", "2", "--json", str(report), env=clean_env(), timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all_reduce sum correct on 2 processes" in done.stdout
+    assert "ok: every check passed" in done.stdout
+    data = json.loads(report.read_text())
+    assert data["exit"] == 0 and sorted(data["reports"]) == ["0", "1"]
+    gloo = data["reports"]["1"]["gloo"]
+    assert gloo["ok"] and [b["bytes"] for b in gloo["bandwidth"]] == [4096, 1 << 20, 16 << 20]
+    assert all(b["mbps"] > 0 for b in gloo["bandwidth"])
+
+
+def test_a_busy_master_port_is_named_with_its_holder() -> None:
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        started = time.monotonic()
+        done = hpctorch("doctor", "--simulate-nodes", "2", "--master-port", str(port), env=clean_env(), timeout=90)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"FAIL node 0 (" in done.stdout and f"master port {port} is already in use" in done.stdout, done.stdout
+    assert "ok: every check passed" not in done.stdout
+    assert time.monotonic() - started < 60
+
+
+def test_a_node_that_cannot_plan_says_why() -> None:
+    done = hpctorch("doctor", "--nnodes", "2", "--node-rank", "1", "--master-port", "1234", "--iface", "nosuch0", env=clean_env(), timeout=60)
+    assert done.returncode == 1
+    assert "cannot plan the job" in done.stderr and "nosuch0" in done.stderr
+    assert "Traceback" not in done.stderr
