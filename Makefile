@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup system-deps clean
+.PHONY: demo test bench setup system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,3 +30,10 @@ test: system-deps setup $(VENV)/.installed-mpi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis src/*.egg-info
+
+# make bench: every benchmark (about 15 minutes here, root for the 2-node cluster parts), then RESULTS.md.
+BENCHES := first_collective plan_latency plan_scale bootstrap port_collisions teardown
+bench: setup $(VENV)/.installed-mpi
+	$(PY) -m pip install -q -e '.[bench]'
+	for b in $(BENCHES); do $(PY) -m benchmarks.$$b || exit 1; done
+	$(PY) -m benchmarks.report

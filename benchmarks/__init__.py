@@ -1,0 +1,1 @@
+"""Benchmarks: hpctorch against torchrun and against itself at scale. Not part of the tests."""

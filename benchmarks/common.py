@@ -1,0 +1,89 @@
+"""Shared by the benchmarks: timing, the machine's description, results on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+PYTHON = sys.executable
+WORKER = str(HERE / "worker_allreduce.py")
+
+
+def machine() -> str:
+    """One line: CPU model and count, memory, OS, Python, torch."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = ""
+    try:
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        memory = f", {kib / 2**20:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    torch = subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True).stdout.strip()
+    return f"{model} x {os.cpu_count()}{memory}; {platform.system()} {platform.release()}; Python {platform.python_version()}; torch {torch}"
+
+
+def timed(argv: Sequence[str], timeout: float = 300, **kwargs: object) -> tuple[float, subprocess.CompletedProcess]:
+    started = time.perf_counter()
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kwargs)  # type: ignore[call-overload]
+    return time.perf_counter() - started, done
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def interleaved(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Run A B C A B C ...: drift on the machine spreads over every case alike."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, case in cases.items():
+            times[name].append(case())
+    return times
+
+
+def save(name: str, data: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    data = {**data, "machine": machine(), "command": shlex.join([Path(PYTHON).name, "-m", f"benchmarks.{name}", *sys.argv[1:]]),
+            "date": time.strftime("%Y-%m-%d")}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines.extend("| " + " | ".join(str(c) for c in row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any launcher's variables (a benchmark is not inside a job)."""
+    prefixes = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PBS_", "LSB_", "FLUX_", "TORCHELASTIC_", "HPCTORCH_", "MV2_", "PALS_")
+    names = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes) and k not in names}
+    env.update(extra)
+    return env
+
+
+def cluster_available() -> bool:
+    from tests.cluster.harness import missing_requirements
+
+    return not missing_requirements()

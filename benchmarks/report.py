@@ -1,0 +1,147 @@
+"""Write benchmarks/RESULTS.md and the plots from the JSON each benchmark saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .common import HERE, RESULTS, summary, table
+
+ORDER = ("first_collective", "plan_latency", "plan_scale", "bootstrap", "port_collisions", "teardown")
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _stats(values: list[float], base: float | None = None) -> list[str]:
+    s = summary(values)
+    cells = [f"{s['median']:.2f}", f"{s['min']:.2f} / {s['max']:.2f}"]
+    return cells + ([f"{s['median'] / base:.2f}"] if base else [])
+
+
+def first_collective(data: dict) -> str:
+    parts = []
+    for setup, block in data["results"].items():
+        times = block["times"]
+        base = summary(next(iter(times.values())))["median"]
+        parts.append(f"**{setup}** ({block['where']}), {data['repeats']} interleaved runs each:\n\n" +
+                     table(["command", "median s", "min / max s", "ratio to torchrun"], [[n, *_stats(v, base)] for n, v in times.items()]))
+    _plot_first_collective(data)
+    return "\n\n".join(parts) + "\n\n![time to first collective](plots/first_collective.png)"
+
+
+def _plot_first_collective(data: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    blocks = list(data["results"].items())
+    figure, axes = plt.subplots(1, len(blocks), figsize=(6 * len(blocks), 3.6), squeeze=False)
+    for axis, (setup, block) in zip(axes[0], blocks):
+        names = list(block["times"])
+        medians = [summary(block["times"][n])["median"] for n in names]
+        lows = [m - summary(block["times"][n])["min"] for n, m in zip(names, medians)]
+        highs = [summary(block["times"][n])["max"] - m for n, m in zip(names, medians)]
+        axis.barh(range(len(names)), medians, xerr=[lows, highs], color=["#888"] + ["#2a7"] * (len(names) - 1))
+        axis.set_yticks(range(len(names)), [n.replace(" (", "\n(") for n in names], fontsize=7)
+        axis.invert_yaxis()
+        axis.set_xlabel("seconds, command to every rank done (median, min-max)")
+        axis.set_title(setup)
+    figure.tight_layout()
+    (HERE / "plots").mkdir(exist_ok=True)
+    figure.savefig(HERE / "plots" / "first_collective.png", dpi=110)
+
+
+def plan_latency(data: dict) -> str:
+    ms = data["ms"]
+    base = summary(ms["python -c pass"])["median"]
+    rows = [[n, f"{summary(v)['median']:.1f}", f"{summary(v)['min']:.1f} / {summary(v)['max']:.1f}", f"{summary(v)['median'] - base:.1f}"] for n, v in ms.items()]
+    top = ", ".join(f"{n} {t:.1f} ms" for n, t in data["import_top"])
+    return (table(["command", "median ms", "min / max ms", "minus python -c pass, ms"], rows) +
+            f"\n\n`import hpctorch`: {data['import_ms']:.1f} ms cumulative (python -X importtime); most expensive: {top}. "
+            f"torch imported: {'yes' if data['torch_imported'] else 'no'}.")
+
+
+def plan_scale(data: dict) -> str:
+    rows = [[d["nodes"], d["world_size"], f"{d['seconds'] * 1e3:.2f}", f"{d['seconds'] / d['nodes'] * 1e6:.2f}",
+             f"{d['peak_bytes'] / 2**20:.2f}", f"{d['peak_bytes'] / d['nodes']:.0f}"] for d in data["sizes"]]
+    _plot_plan_scale(data)
+    return (table(["nodes", "world size", "time ms (best)", "us per node", "peak MiB", "bytes per node"], rows) +
+            f"\n\nTime grew {data['growth_vs_linear']:.2f}x as fast as the node count from the smallest to the largest "
+            "allocation (1 = linear).\n\n![plan scale](plots/plan_scale.png)")
+
+
+def _plot_plan_scale(data: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nodes = [d["nodes"] for d in data["sizes"]]
+    figure, axis = plt.subplots(figsize=(6, 3.6))
+    axis.loglog(nodes, [d["seconds"] * 1e3 for d in data["sizes"]], "o-", label="time per call, ms")
+    axis.loglog(nodes, [d["peak_bytes"] / 2**20 for d in data["sizes"]], "s-", label="peak memory, MiB")
+    scale = data["sizes"][-1]["seconds"] * 1e3 / nodes[-1]
+    axis.loglog(nodes, [n * scale for n in nodes], ":", color="#999", label="linear (through the last point)")
+    axis.set_xlabel("nodes in the allocation")
+    axis.set_title("Allocation + Plan (Slurm, per-task, 2-4 tasks per node)")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    (HERE / "plots").mkdir(exist_ok=True)
+    figure.savefig(HERE / "plots" / "plan_scale.png", dpi=110)
+
+
+def bootstrap(data: dict) -> str:
+    parts = []
+    if data["mpi"]:
+        parts.append("MPI allgather (`mpirun -np N --oversubscribe`):\n\n" + table(
+            ["ranks", "mpirun python -c pass, s", "mpirun hpctorch plan --json, s", "difference, s"],
+            [[d["ranks"], f"{d['python']:.2f}", f"{d['hpctorch']:.2f}", f"{d['hpctorch'] - d['python']:.2f}"] for d in data["mpi"]]))
+    parts.append("Shared-file exchange of the master's address:\n\n" + table(
+        ["processes", "wall s (start to all done)", "node 0's write to the last read, s"],
+        [[d["processes"], f"{d['wall']:.2f}", f"{d['write_to_last_read']:.3f}"] for d in data["shared_file"]]))
+    return "\n\n".join(parts)
+
+
+def port_collisions(data: dict) -> str:
+    return table(["command", "jobs at once", "failed", "wall s", "a failure's last line"],
+                 [[n, d["jobs"], d["failures"], f"{d['wall_s']:.1f}", f"`{d['example']}`" if d["example"] else ""] for n, d in data.items()
+                  if isinstance(d, dict) and "jobs" in d])
+
+
+def teardown(data: dict) -> str:
+    return (f"{data['where']}; compute phase {data['compute_seconds']:.0f} s with no collective; rank 3 (node 2) "
+            "kills itself 2 s into it.\n\n" +
+            table(["command", "death to last exit, median s", "min / max s"], [[n, *_stats(v)] for n, v in data["times"].items()]))
+
+
+TITLES = {
+    "first_collective": "1. Time to first collective",
+    "plan_latency": "2. Plan latency",
+    "plan_scale": "3. Scale of planning",
+    "bootstrap": "4. Bootstrap at scale",
+    "port_collisions": "5. Port collisions",
+    "teardown": "6. Teardown after a kill -9",
+}
+
+
+def main() -> None:
+    sections = ["# Benchmark results", "",
+                "Made by `make bench` (each script: `python -m benchmarks.<name>`); the numbers below come from "
+                "benchmarks/results/*.json, written by those runs, and are rendered by `python -m benchmarks.report`."]
+    for name in ORDER:
+        data = _load(name)
+        if data is None:
+            sections += ["", f"## {TITLES[name]}", "", "(not run)"]
+            continue
+        body = globals()[name](data)
+        sections += ["", f"## {TITLES[name]}", "", f"Machine: {data['machine']}. Date: {data['date']}. Command: `{data['command']}`.", "", body]
+    (HERE / "RESULTS.md").write_text("\n".join(sections) + "\n")
+    print(HERE / "RESULTS.md")
+
+
+if __name__ == "__main__":
+    main()
