@@ -50,6 +50,8 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--master-addr", "--master_addr", default=None, help="address of the node holding rank 0")
     add("--master-port", "--master_port", type=int, default=None, help="rendezvous port (default: derived from the job id, else free)")
     add("--iface", default=None, help="network interface: a name, a glob (hsn*) or a CIDR")
+    add("--gpus-per-proc", type=int, default=None, metavar="K", help="GPUs each process gets (default 1; local rank r uses visible devices [r*K, (r+1)*K))")
+    add("--cpu-bind", choices=("none", "cores", "numa"), default=None, help="bind each worker to its share of CPUs (default: cores when more than one worker)")
     add("--mode", choices=MODES, default="auto", help="per-node: start workers here; per-task: this process is one rank")
     add("--simulate-nodes", type=int, default=None, metavar="N", help="run N node agents on this machine (loopback)")
     add("--max-restarts", "--max_restarts", type=int, default=0)
@@ -159,6 +161,8 @@ def _options(args: argparse.Namespace) -> Options:
         rendezvous_dir=args.rendezvous_dir,
         hostfile=args.hostfile,
         hosts=args.hosts,
+        gpus_per_proc=args.gpus_per_proc,
+        cpu_bind=args.cpu_bind,
         command=_worker_command(args),
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from . import network
+from . import network, sites
 from .allocation import Allocation
 from .errors import HpctorchError
 from .facts import HostFacts, gather, resolve
@@ -45,6 +45,10 @@ def plan_here(options: Options, env: Mapping[str, str]) -> Plan:
     allocation = detect(env)
     # Only the master's name needs resolving: other nodes' addresses are theirs to give.
     facts = gather(env, resolve_hosts=allocation.nodes[:1] if allocation.nnodes > 1 else ())
+    suffix = sites.resolve({"iface": options.iface}, facts.env, facts.hostname, facts.config).master_suffix
+    if suffix and allocation.nnodes > 1:  # the site names fabric addresses host+suffix
+        name = allocation.nodes[0] + suffix
+        facts = replace(facts, resolved={**facts.resolved, name: resolve(name)})
     if allocation.needs_bootstrap:
         try:
             iface = network.choose_interface(options.iface, facts.interfaces, (), facts.default_route)[0].name

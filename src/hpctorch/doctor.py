@@ -74,7 +74,7 @@ def connect(address: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> dict
             return {"ok": True, "ms": (time.perf_counter() - started) * 1e3, "error": None}
     except ConnectionRefusedError:
         error = f"connection refused (nothing listens on {address}:{port})"
-    except socket.timeout:
+    except TimeoutError:
         error = f"timed out after {timeout_s:.0f} s (packets dropped: firewall, or a network this node does not reach)"
     except OSError as exc:
         error = exc.strerror or str(exc)
@@ -438,7 +438,6 @@ def run(options: Options, env: Mapping[str, str], timeout_s: float, json_path: s
 def _simulate(plan: Plan, options: Options, timeout_s: float, json_path: str | None) -> int:
     """One doctor process per simulated node, each with the node's flags."""
     import subprocess
-
     import tempfile
 
     count = len(plan.node_plans)

@@ -7,7 +7,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from . import devices, network
+from . import affinity, devices, network
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,13 @@ class HostFacts:
     """A port free on loopback when gathered, for one-machine runs that need one."""
     resolved: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Addresses that host names resolved to (the master's, when not this node)."""
+    gpu_numa: tuple[int | None, ...] = ()
+    gpu_vendor: str | None = None
+    gpu_source: str = ""
+    topology: affinity.CpuTopology | None = None
+    """CPUs, NUMA nodes and cores; None: ``cpus`` CPUs numbered from 0, one NUMA node."""
+    config: Mapping[str, object] = field(default_factory=dict)
+    """Settings from the config files, by origin (``config.load``)."""
 
 
 def resolve(host: str) -> tuple[str, ...]:
@@ -47,12 +54,21 @@ def usable_cpus() -> int:
 def gather(env: Mapping[str, str] | None = None, resolve_hosts: Iterable[str] = ()) -> HostFacts:
     """Read this host's facts; ``resolve_hosts`` are names to look up in DNS/hosts."""
     env = dict(os.environ if env is None else env)
+    gpus = devices.gpus(env)
+    topology = affinity.read_topology()
+    from . import config
+
     return HostFacts(
         hostname=socket.gethostname(),
         interfaces=tuple(network.list_interfaces()),
         env=env,
-        gpus=devices.visible_gpus(env),
-        cpus=usable_cpus(),
+        gpus=gpus.ids,
+        gpu_numa=gpus.numa,
+        gpu_vendor=gpus.vendor,
+        gpu_source=gpus.source,
+        topology=topology,
+        config=config.load(env),
+        cpus=len(topology.allowed),
         default_route=network.default_route_interface(),
         pid=os.getpid(),
         spare_port=network.free_port(),

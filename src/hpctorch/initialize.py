@@ -88,7 +88,10 @@ def init(backend: str | None = None, timeout_s: float = DEFAULT_RDZV_TIMEOUT_S) 
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     node_rank = int(os.environ.get("GROUP_RANK", rank // max(1, local_world_size)))
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        # hpctorch names each worker's devices; otherwise LOCAL_RANK, as torchrun scripts do.
+        first = os.environ.get("HPCTORCH_DEVICES", "").split(",")[0]
+        index = int(first) if first.isdigit() else local_rank
+        device = torch.device("cuda", index % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

@@ -17,6 +17,7 @@ from .plan import ROLE, Plan
 PLAN_ENV = "HPCTORCH_AGENT_PLAN"
 OUTPUT_ENV = "HPCTORCH_AGENT_OUTPUT"
 STOP_GRACE_S = 3
+BIND_WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bind.py")
 
 
 class WorkersFailed(Exception):
@@ -48,6 +49,10 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
     """Replace this process with the worker: no extra process, no torch import."""
     env = dict(os.environ if base_env is None else base_env)
     env.update(plan.workers[0].env)
+    if env.get("HPCTORCH_CPUS") and hasattr(os, "sched_setaffinity"):
+        from .affinity import parse_cpulist
+
+        os.sched_setaffinity(0, parse_cpulist(env["HPCTORCH_CPUS"]))  # the exec keeps it
     try:
         os.execvpe(plan.command[0], list(plan.command), env)
     except OSError as exc:
@@ -147,7 +152,10 @@ def run_per_node(
     watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout).start()
     preempted = _forward_preemption_to_children()
     try:
-        elastic_launch(config, plan.command[0])(*plan.command[1:])
+        command = plan.command
+        if any(k in plan.launcher_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS")):
+            command = (sys.executable, BIND_WRAPPER, *command)  # each worker its own CPUs and devices
+        elastic_launch(config, command[0])(*command[1:])
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         code = failure.exitcode

@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
-from . import hostlist, network
+from . import hostlist, network, placement, sites
 from .allocation import Allocation
 from .errors import HpctorchError
 from .facts import HostFacts
@@ -38,6 +38,8 @@ class Options:
     rendezvous_dir: str | None = None
     hostfile: str | None = None
     hosts: str | None = None
+    gpus_per_proc: int | None = None
+    cpu_bind: str | None = None
     command: tuple[str, ...] = ()
 
 
@@ -123,6 +125,14 @@ class Plan:
         data["step_launcher"] = tuple(data["step_launcher"])
         return cls(**data)
 
+    def _devices(self) -> str:
+        sets = [w.env.get("HPCTORCH_DEVICES") for w in self.workers]
+        return "; ".join(f"rank {w.rank}: {d}" for w, d in zip(self.workers, sets) if d) or "none"
+
+    def _cpus(self) -> str:
+        sets = [w.env.get("HPCTORCH_CPUS") for w in self.workers]
+        return "; ".join(f"rank {w.rank}: {c}" for w, c in zip(self.workers, sets) if c) or "none"
+
     def table(self, explain: bool = False) -> str:
         """A human-readable summary: decision, value, reason."""
         port = str(self.master_port) if self.master_port else "(a free port bound at start)"
@@ -139,11 +149,18 @@ class Plan:
             ("port", port, "master_port"),
             ("interface", self.iface or "(left to torch)", "iface"),
             ("rendezvous", f"{self.rdzv_backend}, timeout {self.rdzv_timeout} s", "rdzv_backend"),
+            ("gpus", self._devices(), "devices"),
+            ("cpu bind", self._cpus(), "cpu_bind"),
             ("command", shlex.join(self.command) if self.command else "(none given)", ""),
         ]
+        reasons = dict(self.reasons)
+        if self.sources.get("profile"):
+            name, _, why = self.sources["profile"].partition(" (")
+            rows.insert(0, ("site", name, "profile"))
+            reasons["profile"] = why.rstrip(")")
         lines = ["hpctorch plan"]
         for label, value, key in rows:
-            reason = self.reasons.get(key, "")
+            reason = reasons.get(key, "")
             line = f"  {label:<11} {value}"
             if reason:
                 line = f"{line:<46}  <- {reason}"
@@ -194,7 +211,10 @@ def _workers_per_node(allocation: Allocation, options: Options, facts: HostFacts
     if allocation.slots_per_node and len(allocation.slots_per_node) == nnodes:
         return allocation.slots_per_node, f"slots in {allocation.sources.get('nodes', allocation.scheduler)}"
     if facts.gpus:
-        return (len(facts.gpus),) * nnodes, f"one per visible GPU ({','.join(facts.gpus)})"
+        per = options.gpus_per_proc or 1
+        count = max(1, len(facts.gpus) // per)
+        what = "one per visible GPU" if per == 1 else f"one per {per} visible GPUs"
+        return (count,) * nnodes, f"{what} ({','.join(facts.gpus)})"
     return (1,) * nnodes, "no GPU visible: one process"
 
 
@@ -257,6 +277,10 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Pla
 
     if allocation.step_launcher:
         return _launch_step_plan(allocation, options, facts)
+    settings = sites.resolve({"iface": options.iface, "cpu_bind": options.cpu_bind, "gpus_per_proc": options.gpus_per_proc},
+                             facts.env, facts.hostname, facts.config)
+    options = replace(options, iface=settings.iface, cpu_bind=settings.cpu_bind, gpus_per_proc=settings.gpus_per_proc)
+    sources.update({k: v for k, v in settings.origins.items() if k in ("iface", "cpu_bind", "gpus_per_proc", "profile")})
     mode, reasons["mode"] = _resolve_mode(allocation, options)
     nnodes = _check_nnodes(allocation, options)
     if mode == "per-task":
@@ -273,7 +297,11 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Pla
     nodes = allocation.nodes if len(allocation.nodes) == nnodes else ()
     master_port = _master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)
     run_id = _run_id(allocation, options, facts, nnodes, master_port)
-    master_addr, iface, exchange = _master_and_iface(allocation, options, facts, nnodes, node_rank, nodes, reasons, run_id)
+    iface_origin = settings.origins.get("iface", "flag")
+    if nnodes == 1 and iface_origin.startswith("site profile"):
+        options = replace(options, iface=None)  # one node talks over loopback, whatever the machine
+    master_addr, iface, exchange = _master_and_iface(allocation, options, facts, nnodes, node_rank, nodes, reasons, run_id,
+                                                     iface_origin, settings.master_suffix)
     rdzv_backend = "c10d" if master_port == 0 else "static"
     reasons["rdzv_backend"] = (
         "single node: the agent binds a free port itself (no race between jobs)"
@@ -302,20 +330,38 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Pla
         agreement_dir=_agreement_dir(allocation, options, nodes),
     )
     local_count = nproc_per_node[node_rank] if mode == "per-node" else 1
-    launcher_env = _launcher_env(allocation, options, facts, iface, nodes, local_count, reasons)
+    if mode == "per-task":
+        local_rank = allocation.local_task_rank if allocation.local_task_rank is not None else 0
+        where = placement.per_task(facts, local_rank, nproc_per_node[node_rank], options.gpus_per_proc, options.cpu_bind, reasons)
+    else:
+        where = placement.per_node(facts, local_count, options.gpus_per_proc, options.cpu_bind, reasons)
+    launcher_env = _launcher_env(allocation, options, facts, iface, nodes, local_count, reasons, settings, where)
+    omp_from_user = "OMP_NUM_THREADS" in facts.env
+    if mode == "per-node" and not allocation.complete:
+        launcher_env.update(placement.sets_env(where, omp_from_user))
     if mode == "per-task":
         rank = allocation.task_rank if allocation.task_rank is not None else 0
-        local_rank = allocation.local_task_rank if allocation.local_task_rank is not None else 0
         env = {} if allocation.complete else _worker_env(
-            rank, local_rank, node_rank, nproc_per_node, master_addr, master_port, launcher_env, agent=None)
+            rank, local_rank if where.local_rank is None else where.local_rank, node_rank, nproc_per_node,
+            master_addr, master_port, launcher_env, agent=None)
+        if where.local_rank is not None and not allocation.complete:
+            env["HPCTORCH_LOCAL_TASK_RANK"] = str(local_rank)
+        if not allocation.complete:
+            # What torch.distributed.is_torchelastic_launched() checks: Lightning, Accelerate
+            # and DeepSpeed then read torchrun's variables instead of detecting Slurm or MPI.
+            env["TORCHELASTIC_RUN_ID"] = run_id
+            reasons["TORCHELASTIC_RUN_ID"] = ("set in per-task mode too, so Lightning, Accelerate and DeepSpeed take "
+                                              "torchrun's environment rather than their own Slurm/MPI detection")
+        if not allocation.complete:
+            env.update(placement.worker_vars(where, 0, facts, omp_from_user))
         workers = (Worker(node_rank, local_rank, rank, env),)
     else:
         agent = {"run_id": run_id, "max_restarts": options.max_restarts}
         base = sum(nproc_per_node[:node_rank])
         workers = tuple(
-            Worker(node_rank, local, base + local, _worker_env(
+            Worker(node_rank, local, base + local, {**_worker_env(
                 base + local, local, node_rank, nproc_per_node, master_addr, master_port,
-                launcher_env, agent=agent))
+                launcher_env, agent=agent), **placement.worker_vars(where, local, facts, omp_from_user)})
             for local in range(nproc_per_node[node_rank])
         )
     return Plan(workers=workers, launcher_env=launcher_env, **plan_fields)
@@ -344,10 +390,8 @@ def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) 
         master_port=options.master_port or facts.spare_port,
         run_id=_run_id(allocation, options, facts, 1, 0),
     )
-    # Simulated nodes share this machine's CPUs and GPUs.
-    node_facts = replace(facts, cpus=max(1, facts.cpus // count), gpus=facts.gpus[: len(facts.gpus) // count])
     node_plans = tuple(
-        make_plan(allocation, replace(node_options, node_rank=rank), node_facts) for rank in range(count)
+        make_plan(allocation, replace(node_options, node_rank=rank), _simulated_node_facts(facts, rank, count)) for rank in range(count)
     )
     first = node_plans[0]
     reasons = dict(first.reasons)
@@ -363,6 +407,18 @@ def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) 
         reasons=reasons,
         workers=tuple(w for p in node_plans for w in p.workers),
         node_plans=node_plans,
+    )
+
+
+def _simulated_node_facts(facts: HostFacts, rank: int, count: int) -> HostFacts:
+    """Simulated nodes share this machine: node ``rank`` gets its slice of CPUs and GPUs."""
+    topology = placement.topology(facts)
+    allowed = topology.allowed
+    share = allowed[rank * len(allowed) // count : (rank + 1) * len(allowed) // count] or allowed[rank % len(allowed) :][:1]
+    per_gpu = len(facts.gpus) // count
+    return replace(
+        facts, cpus=len(share), topology=replace(topology, allowed=tuple(share), online=len(share)),
+        gpus=facts.gpus[rank * per_gpu : (rank + 1) * per_gpu], gpu_numa=facts.gpu_numa[rank * per_gpu : (rank + 1) * per_gpu],
     )
 
 
@@ -394,6 +450,8 @@ def _master_and_iface(
     nodes: tuple[str, ...],
     reasons: dict[str, str],
     run_id: str,
+    iface_origin: str = "flag",
+    master_suffix: str = "",
 ) -> tuple[str, network.Interface | None, str | None]:
     """The master address, the interface this node talks on, and the exchange file if any."""
     given = options.master_addr or allocation.master_addr
@@ -412,11 +470,14 @@ def _master_and_iface(
         reasons["iface"] = "the master address is loopback"
         return given, network.loopback(facts.interfaces), None
 
+    # Some sites name each node's fabric address with a suffix (JSC: jwb0001 -> jwb0001i).
     master_host = nodes[0] if nodes else None
+    if master_host and master_suffix and facts.resolved.get(master_host + master_suffix):
+        master_host += master_suffix
     peers: tuple[str, ...] = ()
     if given and _is_ip(given):
         peers = (given,)
-    iface, reasons["iface"] = network.choose_interface(options.iface, facts.interfaces, peers, facts.default_route)
+    iface, reasons["iface"] = _choose(options.iface, iface_origin, facts, peers)
     if given:
         reasons["master_addr"] = given_why
         if _is_ip(given) and not iface.reaches(given) and options.iface:
@@ -475,6 +536,18 @@ def _master_and_iface(
         f"pass --master-addr with {master_host}'s address on {iface.name}, --rendezvous-dir "
         "with a directory all nodes share, or --iface for the network its name resolves on",
     )
+
+
+def _choose(spec: str | None, origin: str, facts: HostFacts, peers: tuple[str, ...]) -> tuple[network.Interface, str]:
+    """The user's interface must exist; a profile's or a file's is a default that may not."""
+    if spec and origin != "flag":
+        try:
+            chosen, _ = network.choose_interface(spec, facts.interfaces, peers, facts.default_route)
+            return chosen, f"{spec} from {origin}"
+        except HpctorchError:
+            chosen, why = network.choose_interface(None, facts.interfaces, peers, facts.default_route)
+            return chosen, f"{why} ({origin} names {spec}, which is not here)"
+    return network.choose_interface(spec, facts.interfaces, peers, facts.default_route)
 
 
 def _master_port(
@@ -553,6 +626,8 @@ def _launcher_env(
     nodes: tuple[str, ...],
     local_workers: int,
     reasons: dict[str, str],
+    settings: sites.Settings | None = None,
+    where: placement.Placement | None = None,
 ) -> dict[str, str]:
     env: dict[str, str] = {}
     if allocation.complete:
@@ -565,9 +640,19 @@ def _launcher_env(
             else:
                 env[var] = value
         env["HPCTORCH_IFACE"] = iface.name
+    for var, value in (settings.env.items() if settings else ()):
+        if var in facts.env:
+            reasons[var] = f"kept {var}={facts.env[var]} from the environment over {settings.origins.get('env ' + var)}"  # type: ignore[union-attr]
+        else:
+            env[var] = value
+            reasons[var] = settings.origins.get(f"env {var}", "settings")  # type: ignore[union-attr]
     if "OMP_NUM_THREADS" not in facts.env:
-        env["OMP_NUM_THREADS"] = str(max(1, facts.cpus // max(1, local_workers)))
+        threads = min(where.threads) if where and where.threads else max(1, facts.cpus // max(1, local_workers))
+        env["OMP_NUM_THREADS"] = str(threads)
         reasons["OMP_NUM_THREADS"] = f"{facts.cpus} usable CPUs shared by {local_workers} local process(es)"
+        if where and any(where.cpus):
+            reasons["OMP_NUM_THREADS"] += "; each worker: the CPUs it is bound to"
+
     env["HPCTORCH_SCHEDULER"] = allocation.scheduler
     if allocation.job_id:
         env["HPCTORCH_JOB_ID"] = allocation.job_id

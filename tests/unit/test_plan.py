@@ -102,7 +102,8 @@ def test_per_task_from_torch_variables_sets_only_what_is_missing() -> None:
     (worker,) = plan.workers
     assert (worker.rank, worker.local_rank) == (3, 1)
     assert worker.env["GROUP_RANK"] == "1" and worker.env["GLOO_SOCKET_IFNAME"] == "hsn0"
-    assert "TORCHELASTIC_RUN_ID" not in worker.env  # no agent in per-task mode
+    # No agent in per-task mode, so no agent store; the run id makes frameworks take torchrun's variables.
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in worker.env and worker.env["TORCHELASTIC_RUN_ID"] == plan.run_id
 
 
 def test_under_torchrun_nothing_changes() -> None:

@@ -1,0 +1,52 @@
+"""Workers really run on the CPUs the plan gives them: read back from /proc/self/status."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ..conftest import ROOT, clean_env, hpctorch, unprefixed
+
+SCRIPT = str(ROOT / "tests" / "fixtures" / "affinity.py")
+
+
+def _reports(output: str) -> list[dict]:
+    return sorted((json.loads(line[len("AFFINITY "):]) for line in unprefixed(output).splitlines() if line.startswith("AFFINITY ")),
+                  key=lambda r: r["rank"])
+
+
+def _cpus(text: str) -> set[int]:
+    found: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        found.update(range(int(low), int(high or low) + 1))
+    return found
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to split")
+def test_two_workers_are_bound_to_disjoint_cpus() -> None:
+    done = hpctorch("run", "--nproc-per-node", "2", SCRIPT, env=clean_env(), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = _reports(done.stdout)
+    assert [r["rank"] for r in reports] == [0, 1]
+    for report in reports:
+        assert report["allowed"] == report["planned"], report  # the kernel agrees with the plan
+        assert report["omp"] == str(len(_cpus(report["allowed"])))
+    assert not _cpus(reports[0]["allowed"]) & _cpus(reports[1]["allowed"])
+    allowed = os.sched_getaffinity(0)
+    assert _cpus(reports[0]["allowed"]) | _cpus(reports[1]["allowed"]) == allowed
+
+
+def test_cpu_bind_none_leaves_every_cpu() -> None:
+    done = hpctorch("run", "--nproc-per-node", "2", "--cpu-bind", "none", SCRIPT, env=clean_env(), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for report in _reports(done.stdout):
+        assert _cpus(report["allowed"]) == os.sched_getaffinity(0) and report["planned"] is None
+
+
+def test_the_users_omp_num_threads_is_kept() -> None:
+    done = hpctorch("run", "--nproc-per-node", "2", SCRIPT, env=clean_env(OMP_NUM_THREADS="7"), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["omp"] for r in _reports(done.stdout)] == ["7", "7"]
