@@ -25,7 +25,14 @@ system-deps:
 $(VENV)/.installed-mpi: $(VENV)/.installed
 	$(PY) -m pip install -q 'mpi4py>=3.1' && touch $@ || echo "mpi4py not installed: MPI tests will skip"
 
-test: system-deps setup $(VENV)/.installed-mpi
+# The frameworks the interop tests run (CPU builds; versions that install quickly and work
+# with torch 2.13.0). DeepSpeed builds no ops (DS_BUILD_OPS=0): its JIT ops are not used.
+$(VENV)/.installed-frameworks: $(VENV)/.installed
+	$(PY) -m pip install -q setuptools wheel lightning==2.6.6 accelerate==1.16.0
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
+	touch $@
+
+test: system-deps setup $(VENV)/.installed-mpi $(VENV)/.installed-frameworks
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
