@@ -47,7 +47,8 @@ def format_cpulist(cpus: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def _read(path: str) -> str | None:
+def read_sysfs(path: str) -> str | None:
+    """A small /proc or /sys file, stripped; None when it cannot be read."""
     try:
         with open(path, encoding="ascii") as handle:
             return handle.read().strip()
@@ -65,21 +66,21 @@ def read_topology(root: str = "/", allowed: Sequence[int] | None = None) -> CpuT
     except OSError:
         nodes = []
     for node in nodes:
-        for cpu in parse_cpulist(_read(os.path.join(system, "node", node, "cpulist")) or ""):
+        for cpu in parse_cpulist(read_sysfs(os.path.join(system, "node", node, "cpulist")) or ""):
             numa[cpu] = int(node[4:])
     core: dict[int, tuple[int, int]] = {}
     for cpu in allowed:
         topology = os.path.join(system, "cpu", f"cpu{cpu}", "topology")
-        package, core_id = _read(os.path.join(topology, "physical_package_id")), _read(os.path.join(topology, "core_id"))
+        package, core_id = read_sysfs(os.path.join(topology, "physical_package_id")), read_sysfs(os.path.join(topology, "core_id"))
         if package is not None and core_id is not None:
             core[cpu] = (int(package), int(core_id))
-    online = len(parse_cpulist(_read(os.path.join(system, "cpu", "online")) or "")) or len(allowed)
+    online = len(parse_cpulist(read_sysfs(os.path.join(system, "cpu", "online")) or "")) or len(allowed)
     return CpuTopology(tuple(allowed), numa, core, online, _cgroup_quota(root))
 
 
 def _cgroup_quota(root: str) -> float | None:
     """cgroup v2 cpu.max of this container (``max 100000`` means unlimited)."""
-    text = _read(os.path.join(root, "sys", "fs", "cgroup", "cpu.max"))
+    text = read_sysfs(os.path.join(root, "sys", "fs", "cgroup", "cpu.max"))
     if not text:
         return None
     limit, _, period = text.partition(" ")

@@ -76,7 +76,7 @@ def disagreement_error(lines: list[str]) -> HpctorchError:
     )
 
 
-def _reachable(address: str, port: int, timeout_s: float) -> bool:
+def reachable(address: str, port: int, timeout_s: float) -> bool:
     """A plain connect first: torch's store client logs a C++ trace for every refusal."""
     try:
         with socket.create_connection((address, port), timeout=timeout_s):
@@ -85,7 +85,7 @@ def _reachable(address: str, port: int, timeout_s: float) -> bool:
         return False
 
 
-def _store(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
+def open_store(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
     from torch.distributed import TCPStore
 
     return TCPStore(
@@ -105,7 +105,7 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
     store = None
     if plan.is_master:
         try:
-            store = _store(plan, timeout_s)
+            store = open_store(plan, timeout_s)
         except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
             raise HpctorchError(
                 f"cannot serve the rendezvous store on port {plan.master_port}: {str(exc).splitlines()[0]}",
@@ -118,9 +118,9 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
         while True:
             files.publish()
             seen = {**files.read_live()}
-            if store is None and _reachable(plan.master_addr, plan.master_port, POLL_S):
+            if store is None and reachable(plan.master_addr, plan.master_port, POLL_S):
                 try:
-                    store = _store(plan, max(1.0, deadline - time.monotonic()))
+                    store = open_store(plan, max(1.0, deadline - time.monotonic()))
                     store.set(f"{STORE_PREFIX}{plan.node_rank}", json.dumps(mine))
                 except Exception:  # noqa: BLE001 - not a store, or gone again: keep waiting
                     store = None

@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .affinity import read_sysfs
+
 
 @dataclass(frozen=True)
 class Gpus:
@@ -38,14 +40,6 @@ def _visible_list(value: str) -> tuple[str, ...]:
     return tuple(ids)
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
-
-
 def _nvidia_bus_ids(root: str) -> list[str]:
     """PCI addresses of the NVIDIA GPUs, in nvidia-smi's (PCI bus) order."""
     try:
@@ -55,7 +49,7 @@ def _nvidia_bus_ids(root: str) -> list[str]:
 
 
 def _numa_of_pci(root: str, bus_id: str) -> int | None:
-    value = _read(os.path.join(root, "sys", "bus", "pci", "devices", bus_id.lower(), "numa_node"))
+    value = read_sysfs(os.path.join(root, "sys", "bus", "pci", "devices", bus_id.lower(), "numa_node"))
     try:
         node = int(value) if value is not None else -1
     except ValueError:
@@ -69,7 +63,7 @@ def _amd_gpu_count(root: str) -> int:
         entries = os.listdir(nodes)
     except OSError:
         return 0
-    return sum(1 for entry in entries if (_read(os.path.join(nodes, entry, "gpu_id")) or "0") != "0")
+    return sum(1 for entry in entries if (read_sysfs(os.path.join(nodes, entry, "gpu_id")) or "0") != "0")
 
 
 def gpus(env: Mapping[str, str], root: str = "/") -> Gpus:

@@ -151,7 +151,7 @@ class Meeting:
             try:
                 # The store's own client goes through loopback: whether the master address
                 # answers is probed separately, like from every other node.
-                self.store = agreement._store(replace(self.plan, master_addr="127.0.0.1"), PROBE_TIMEOUT_S * 2)
+                self.store = agreement.open_store(replace(self.plan, master_addr="127.0.0.1"), PROBE_TIMEOUT_S * 2)
             except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
                 self.serve_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
@@ -160,7 +160,7 @@ class Meeting:
             return
         if self.files.live.get(0, {}).get("hello", {}).get("serving") is False:
             return  # node 0 said, through the shared files, that it could not serve
-        if not agreement._reachable(self.plan.master_addr, self.plan.master_port, POLL_S):
+        if not agreement.reachable(self.plan.master_addr, self.plan.master_port, POLL_S):
             return
         # Something listens there; a program that is not a store may never answer
         # torch's handshake, so the connection is made in a thread given a deadline.
@@ -178,7 +178,7 @@ class Meeting:
 
     def _connect(self):  # type: ignore[no-untyped-def]
         try:
-            return agreement._store(self.plan, PROBE_TIMEOUT_S)
+            return agreement.open_store(self.plan, PROBE_TIMEOUT_S)
         except Exception:  # noqa: BLE001
             return None
 
