@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from .common import PYTHON, clean_env, save, summary, table, timed
 
@@ -28,26 +29,16 @@ def mpi(n: int, repeats: int) -> dict[str, float]:
     for _ in range(repeats):
         elapsed, done = timed([*MPIRUN, "-np", str(n), PYTHON, "-c", "pass"], env=clean_env())
         base.append(elapsed)
-        elapsed, done = timed([*MPIRUN, "-np", str(n), PYTHON, "-m", "hpctorch", "plan", "--json"], env=clean_env())
+        outputs = tempfile.mkdtemp(prefix="hpctorch-bench-mpi-")
+        # One file per rank (OpenMPI's --output-filename): N JSON documents on one pipe interleave.
+        elapsed, done = timed([*MPIRUN, "--output-filename", outputs, "-np", str(n), PYTHON, "-m", "hpctorch", "plan", "--json"], env=clean_env())
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-2000:])
-        world = {json.loads(chunk)["world_size"] for chunk in _json_objects(done.stdout)}
-        assert world == {n}, world
+        documents = [json.loads(path.read_text()) for path in Path(outputs).rglob("stdout")]
+        shutil.rmtree(outputs, ignore_errors=True)
+        assert len(documents) == n and {d["world_size"] for d in documents} == {n}, (len(documents), n)
         plan.append(elapsed)
     return {"python": summary(base)["median"], "hpctorch": summary(plan)["median"]}
-
-
-def _json_objects(text: str) -> list[str]:
-    """mpirun interleaves nothing within a line, but prints N pretty JSON documents one after another."""
-    objects, depth, start = [], 0, 0
-    for index, char in enumerate(text):
-        if char == "{":
-            depth, start = depth + 1, (index if depth == 0 else start)
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                objects.append(text[start : index + 1])
-    return objects
 
 
 NODE = """

@@ -10,7 +10,9 @@ Runs are interleaved (A B C A B C ...).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -31,11 +33,18 @@ def _port() -> int:
         return int(probe.getsockname()[1])
 
 
-def together(commands: Sequence[Sequence[str]], env: dict[str, str] | None = None) -> float:
+def together(commands: Sequence[Sequence[str]], env: dict[str, str] | None = None, timeout: float = 300) -> float:
     """Start every command at once; seconds until the last exits. Any failure aborts."""
     started = time.perf_counter()
-    processes = [subprocess.Popen(list(c), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env or clean_env()) for c in commands]
-    errors = [(p.args, p.communicate(timeout=300)[1]) for p in processes]
+    processes = [subprocess.Popen(list(c), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env or clean_env(),
+                                  start_new_session=True) for c in commands]
+    try:
+        errors = [(p.args, p.communicate(timeout=max(0.1, timeout - (time.perf_counter() - started)))[1]) for p in processes]
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)  # the launcher and its workers
+        raise
     elapsed = time.perf_counter() - started
     failed = [(args, err[-800:]) for (args, err), p in zip(errors, processes) if p.returncode != 0]
     if failed:
@@ -73,10 +82,12 @@ def cluster_two_node_cases(cluster, job_dir: Path) -> dict[str, Callable[[], flo
     env = cluster.env()
 
     def torchrun() -> float:
+        # Hand-given like the ranks: without GLOO_SOCKET_IFNAME gloo takes the address the
+        # host name resolves to, on the unreachable management network, and hangs.
         port = str(_port())
         return together([cluster.on(node, [*TORCHRUN, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", fabric_addr(1),
                                            "--master-port", port, "--nproc-per-node", "2", WORKER])
-                         for rank, node in enumerate(cluster.names)], env)
+                         for rank, node in enumerate(cluster.names)], cluster.env(GLOO_SOCKET_IFNAME="hsn0"))
 
     def srun(*argv: str) -> list[str]:
         return cluster.on("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-N2", *argv])
@@ -89,6 +100,22 @@ def cluster_two_node_cases(cluster, job_dir: Path) -> dict[str, Callable[[], flo
             [srun("--ntasks-per-node=2", "--kill-on-bad-exit=1", *HPCTORCH, WORKER)], env),
         "srun --ntasks-per-node=2 true (srun's own cost)": lambda: together([srun("--ntasks-per-node=2", "true")], env),
     }
+
+
+def torchrun_without_interface(cluster, limit_s: float = 60) -> str:  # type: ignore[no-untyped-def]
+    """One try of torchrun given ranks, master and port but no GLOO_SOCKET_IFNAME."""
+    from tests.cluster.harness import fabric_addr
+
+    port = str(_port())
+    try:
+        elapsed = together([cluster.on(node, [*TORCHRUN, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", fabric_addr(1),
+                                              "--master-port", port, "--nproc-per-node", "2", WORKER])
+                            for rank, node in enumerate(cluster.names)], cluster.env(), timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        return f"did not finish in {limit_s:.0f} s (killed): gloo used the address the host name resolves to"
+    except RuntimeError as exc:
+        return f"failed: {str(exc).splitlines()[0][:200]}"
+    return f"finished in {elapsed:.2f} s"
 
 
 def rows(times: dict[str, list[float]], reference: str) -> list[list[str]]:
@@ -121,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             job_dir.chmod(0o755)
             try:
                 two = interleaved(cluster_two_node_cases(cluster, job_dir), repeats)
+                results["torchrun without GLOO_SOCKET_IFNAME"] = torchrun_without_interface(cluster)
+                print(f"torchrun without GLOO_SOCKET_IFNAME: {results['torchrun without GLOO_SOCKET_IFNAME']}")
             finally:
                 cluster.down()
                 shutil.rmtree(job_dir, ignore_errors=True)

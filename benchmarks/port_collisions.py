@@ -1,5 +1,6 @@
 """Benchmark 5: 32 single-node jobs started at once on one host: how many fail, with
-torchrun's defaults (static rendezvous on port 29500) and with hpctorch run."""
+torchrun's defaults (torch 2.13 binds a free port for a single node), torchrun with the
+fixed --master-port job scripts copy, and hpctorch run."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     jobs = 2 if args.smoke else args.jobs
     cases = {
         "torchrun --nproc-per-node 1 (defaults)": [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "1", WORKER],
+        # What job scripts copy: a fixed port, the same in every job.
+        "torchrun --nproc-per-node 1 --master-port 29500": [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                                                            "--master-port", "29500", WORKER],
         "hpctorch run --nproc-per-node 1": [PYTHON, "-m", "hpctorch", "run", "--nproc-per-node", "1", WORKER],
     }
     data = {}

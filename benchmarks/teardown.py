@@ -6,7 +6,9 @@ nodes on loopback), interleaved."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -28,9 +30,17 @@ def _port() -> int:
 def after_death(commands: Sequence[Sequence[str]], marker: Path, env: dict[str, str]) -> float:
     """Start the nodes, wait for all to exit; seconds from the death marker to the last exit."""
     marker.unlink(missing_ok=True)
-    processes = [subprocess.Popen(list(c), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for c in commands]
-    for process in processes:
-        process.wait(timeout=600)
+    processes = [subprocess.Popen(list(c), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+                 for c in commands]
+    deadline = time.monotonic() + 300
+    try:
+        for process in processes:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        raise
     ended = time.time()
     if not marker.exists():
         raise RuntimeError("the worker meant to die never did (did the job start?)")
@@ -61,9 +71,10 @@ def cases(seconds: float, work: Path, cluster=None) -> dict[str, Callable[[], fl
 
     def torchrun_on_nodes() -> float:
         port = str(_port())
+        # GLOO_SOCKET_IFNAME hand-given too: without it gloo takes the management network and hangs.
         return after_death([cluster.on(node, [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(r),
                                               "--master-addr", fabric_addr(1), "--master-port", port, "--nproc-per-node", "2", *script])
-                            for r, node in enumerate(cluster.names)], marker, env)
+                            for r, node in enumerate(cluster.names)], marker, cluster.env(GLOO_SOCKET_IFNAME="hsn0"))
 
     return {
         "torchrun on each node": torchrun_on_nodes,

@@ -23,8 +23,11 @@ from .errors import HpctorchError
 from .plan import Plan
 from .sharedfiles import BeatingFiles
 
-POLL_S = 0.25
-GRACE_S = 1.5
+POLL_S = 0.05
+"""How often the store is asked; the shared files are written and read at most once a
+second (``sharedfiles``), and read only once the store has not settled it quickly."""
+FILES_AFTER_S = 2.0
+GRACE_S = 2.5
 """A node that found a disagreement keeps beating this long, so the others see it too."""
 STORE_PREFIX = "hpctorch/agreement/"
 FIELDS = (
@@ -97,11 +100,14 @@ def open_store(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
 def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
     """Wait until every node published the same record; raise on a difference or timeout.
 
+    Node 0 alone reads the records (a list of arrivals, then one multi_get of the new
+    ones) and publishes the verdict; every other node makes one store request per poll.
     Returns node 0's store, to be kept open until torch's rendezvous has taken it over.
     """
     mine = record(plan)
     files = BeatingFiles(plan.agreement_dir, plan.node_rank, mine)
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     store = None
     if plan.is_master:
         try:
@@ -111,36 +117,82 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
                 f"cannot serve the rendezvous store on port {plan.master_port}: {str(exc).splitlines()[0]}",
                 "pass another --master-port, or stop the process that holds it (ss -ltnp)",
             ) from None
-        store.set(f"{STORE_PREFIX}{plan.node_rank}", json.dumps(mine))
-    keys = [f"{STORE_PREFIX}{n}" for n in range(plan.nnodes)]
-    stored: dict[int, object] = {}
+        _publish(store, plan.node_rank, mine)
+    stored: dict[int, dict] = {plan.node_rank: mine} if plan.is_master else {}
+    pause = POLL_S
     try:
         while True:
             files.publish()
-            seen = {**files.read_live()}
+            # The files matter only when the store does not settle it quickly.
+            seen = dict(files.read_live()) if time.monotonic() - started > FILES_AFTER_S else {}
             if store is None and reachable(plan.master_addr, plan.master_port, POLL_S):
                 try:
                     store = open_store(plan, max(1.0, deadline - time.monotonic()))
-                    store.set(f"{STORE_PREFIX}{plan.node_rank}", json.dumps(mine))
+                    _publish(store, plan.node_rank, mine)
                 except Exception:  # noqa: BLE001 - not a store, or gone again: keep waiting
                     store = None
             if store is not None:
                 try:
-                    stored = {int(k.rsplit("/", 1)[1]): json.loads(store.get(k)) for k in keys if store.check([k])}
+                    verdict = _judge(store, plan, stored) if plan.is_master else _verdict(store)
                 except Exception:  # noqa: BLE001 - node 0 went away: wait for it again
-                    store, stored = (store, stored) if plan.is_master else (None, {})
-                seen.update(stored)
-                if len(stored) == len(keys) and not differences({**seen, plan.node_rank: mine}):
+                    verdict, store = None, (store if plan.is_master else None)
+                if verdict == "":
                     return store if plan.is_master else None
-            lines = differences({**seen, plan.node_rank: mine})
+                if verdict:
+                    _acknowledge(store, plan, len(stored))
+                    raise disagreement_error(verdict.split("\n"))
+            lines = differences({**seen, **stored, plan.node_rank: mine})
             if lines:
                 _linger(files)
                 raise disagreement_error(lines)
             if time.monotonic() > deadline:
                 raise _timeout_error(plan, timeout_s, store is not None, stored)
-            time.sleep(POLL_S)
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
     finally:
         files.remove()
+
+
+def _publish(store, node: int, mine: Mapping[str, object]) -> None:  # type: ignore[no-untyped-def]
+    store.set(f"{STORE_PREFIX}{node}", json.dumps(mine))
+    store.append(STORE_PREFIX + "arrived", f"{node},")
+
+
+def _acknowledge(store, plan: Plan, heard: int) -> None:  # type: ignore[no-untyped-def]
+    """A failing verdict: the others say they read it; node 0 serves until they all did
+    (its store dies with it), or for ``GRACE_S`` at most."""
+    key = STORE_PREFIX + "read"
+    try:
+        if not plan.is_master:
+            store.add(key, 1)
+            return
+        end = time.monotonic() + GRACE_S
+        while store.add(key, 0) < heard - 1 and time.monotonic() < end:
+            time.sleep(POLL_S)
+    except Exception:  # noqa: BLE001 - best effort: the verdict is already known here
+        pass
+
+
+def _verdict(store) -> str | None:  # type: ignore[no-untyped-def]
+    """Node 0's verdict: "" when all agree, the differences one per line, None before."""
+    key = STORE_PREFIX + "verdict"
+    return store.get(key).decode() if store.check([key]) else None
+
+
+def _judge(store, plan: Plan, stored: dict[int, dict]) -> str | None:  # type: ignore[no-untyped-def]
+    """Node 0: read the records that arrived since last time; once all are in, or one
+    differs, publish the verdict for every node."""
+    arrived = {int(n) for n in store.get(STORE_PREFIX + "arrived").decode().split(",") if n}
+    new = sorted(arrived - set(stored))
+    if new:
+        values = store.multi_get([f"{STORE_PREFIX}{n}" for n in new])
+        stored.update({n: json.loads(v) for n, v in zip(new, values)})
+    lines = differences(stored)
+    if not lines and len(stored) < plan.nnodes:
+        return None
+    verdict = "\n".join(lines)
+    store.set(STORE_PREFIX + "verdict", verdict)
+    return verdict
 
 
 def _timeout_error(plan: Plan, timeout_s: float, connected: bool, stored: Mapping[int, object]) -> HpctorchError:
@@ -153,6 +205,12 @@ def _timeout_error(plan: Plan, timeout_s: float, connected: bool, stored: Mappin
             "and --master-port, or raise --rdzv-timeout",
         )
     missing = [n for n in range(plan.nnodes) if n not in stored and n != plan.node_rank]
+    if not plan.is_master:
+        return HpctorchError(
+            f"waited {timeout_s:.0f} s for node 0 to hear from every node at {where}",
+            "check that every node started, with the same options, or raise --rdzv-timeout; "
+            "the output of node 0 names the missing nodes",
+        )
     names = ", ".join(f"{n} ({plan.nodes[n]})" if plan.nodes else str(n) for n in missing)
     return HpctorchError(
         f"waited {timeout_s:.0f} s for node(s) {names} to reach the master's store at {where}",
