@@ -59,6 +59,23 @@ def interleaved(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str
     return times
 
 
+def kill_trees(processes: Sequence[subprocess.Popen]) -> None:
+    """SIGKILL each process and every descendant (launchers start workers in sessions of their own)."""
+    import psutil
+
+    for process in processes:
+        try:
+            tree = psutil.Process(process.pid)
+            victims = [*tree.children(recursive=True), tree]
+        except psutil.NoSuchProcess:
+            continue
+        for victim in victims:
+            try:
+                victim.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
 def save(name: str, data: dict) -> Path:
     RESULTS.mkdir(exist_ok=True)
     data = {**data, "machine": machine(), "command": shlex.join([Path(PYTHON).name, "-m", f"benchmarks.{name}", *sys.argv[1:]]),

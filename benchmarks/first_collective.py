@@ -10,9 +10,7 @@ Runs are interleaved (A B C A B C ...).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -20,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .common import PYTHON, WORKER, clean_env, cluster_available, interleaved, save, summary, table
+from .common import PYTHON, WORKER, clean_env, kill_trees, cluster_available, interleaved, save, summary, table
 
 HPCTORCH = (PYTHON, "-m", "hpctorch", "run")
 TORCHRUN = (PYTHON, "-m", "torch.distributed.run")
@@ -41,9 +39,7 @@ def together(commands: Sequence[Sequence[str]], env: dict[str, str] | None = Non
     try:
         errors = [(p.args, p.communicate(timeout=max(0.1, timeout - (time.perf_counter() - started)))[1]) for p in processes]
     except subprocess.TimeoutExpired:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)  # the launcher and its workers
+        kill_trees(processes)
         raise
     elapsed = time.perf_counter() - started
     failed = [(args, err[-800:]) for (args, err), p in zip(errors, processes) if p.returncode != 0]

@@ -24,6 +24,9 @@ def _stats(values: list[float], base: float | None = None) -> list[str]:
 def first_collective(data: dict) -> str:
     parts = []
     for setup, block in data["results"].items():
+        if not isinstance(block, dict):
+            parts.append(f"**{setup}** (one try on the same cluster, 60 s limit): {block}.")
+            continue
         times = block["times"]
         base = summary(next(iter(times.values())))["median"]
         parts.append(f"**{setup}** ({block['where']}), {data['repeats']} interleaved runs each:\n\n" +
@@ -38,7 +41,7 @@ def _plot_first_collective(data: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    blocks = list(data["results"].items())
+    blocks = [(setup, block) for setup, block in data["results"].items() if isinstance(block, dict)]
     figure, axes = plt.subplots(1, len(blocks), figsize=(6 * len(blocks), 3.6), squeeze=False)
     for axis, (setup, block) in zip(axes[0], blocks):
         names = list(block["times"])
@@ -61,7 +64,7 @@ def plan_latency(data: dict) -> str:
     rows = [[n, f"{summary(v)['median']:.1f}", f"{summary(v)['min']:.1f} / {summary(v)['max']:.1f}", f"{summary(v)['median'] - base:.1f}"] for n, v in ms.items()]
     top = ", ".join(f"{n} {t:.1f} ms" for n, t in data["import_top"])
     return (table(["command", "median ms", "min / max ms", "minus python -c pass, ms"], rows) +
-            f"\n\n`import hpctorch`: {data['import_ms']:.1f} ms cumulative (python -X importtime); most expensive: {top}. "
+            f"\n\n`import hpctorch.cli` (what `hpctorch plan` loads): {data['import_ms']:.1f} ms cumulative (python -X importtime); most expensive: {top}. "
             f"torch imported: {'yes' if data['torch_imported'] else 'no'}.")
 
 

@@ -6,9 +6,7 @@ nodes on loopback), interleaved."""
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -16,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .common import PYTHON, ROOT, clean_env, cluster_available, interleaved, save, summary, table
+from .common import PYTHON, ROOT, clean_env, kill_trees, cluster_available, interleaved, save, summary, table
 
 COMPUTE = str(ROOT / "tests" / "fixtures" / "compute.py")
 
@@ -37,9 +35,7 @@ def after_death(commands: Sequence[Sequence[str]], marker: Path, env: dict[str, 
         for process in processes:
             process.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+        kill_trees(processes)
         raise
     ended = time.time()
     if not marker.exists():

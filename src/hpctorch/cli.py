@@ -72,50 +72,57 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--no-python", "--no_python", action="store_true", help="run the script as an executable, not with python")
 
 
-def _parser() -> _Parser:
+def _parser(only: str | None = None) -> _Parser:
+    """The command line; with ``only``, just that subcommand gets its options (argparse
+    spends milliseconds per option, and ``hpctorch plan`` must answer fast)."""
     parser = _Parser(prog="hpctorch", description="Run PyTorch distributed scripts under any launcher.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="start a training script", allow_abbrev=False)
-    _add_launch_options(run)
-    run.add_argument("script", help="training script (or module with -m)")
-    run.add_argument("script_args", nargs=argparse.REMAINDER)
+    if only in (None, "run"):
+        _add_launch_options(run)
+        run.add_argument("script", help="training script (or module with -m)")
+        run.add_argument("script_args", nargs=argparse.REMAINDER)
     plan = sub.add_parser("plan", help="print what run would do, start nothing", allow_abbrev=False)
-    _add_launch_options(plan)
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    plan.add_argument("--explain", action="store_true", help="show which variable each value came from")
-    plan.add_argument("script", nargs="?", default=None)
-    plan.add_argument("script_args", nargs=argparse.REMAINDER)
+    if only in (None, "plan"):
+        _add_launch_options(plan)
+        plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+        plan.add_argument("--explain", action="store_true", help="show which variable each value came from")
+        plan.add_argument("script", nargs="?", default=None)
+        plan.add_argument("script_args", nargs=argparse.REMAINDER)
     doctor = sub.add_parser("doctor", help="run like the job on every node: find out why it would not start", allow_abbrev=False)
-    _add_launch_options(doctor)
-    doctor.add_argument("--timeout", type=float, default=30, metavar="S", help="seconds the whole check may take (default 30)")
-    doctor.add_argument("--json", default=None, metavar="FILE", help="write the whole report as JSON ('-' for stdout), for a bug report")
+    if only in (None, "doctor"):
+        _add_launch_options(doctor)
+        doctor.add_argument("--timeout", type=float, default=30, metavar="S", help="seconds the whole check may take (default 30)")
+        doctor.add_argument("--json", default=None, metavar="FILE", help="write the whole report as JSON ('-' for stdout), for a bug report")
     job = sub.add_parser("submit", help="write a job script for a scheduler and submit it", allow_abbrev=False)
-    add = job.add_argument
-    add("--nodes", type=int, required=True)
-    add("--time", required=True, help="wall time: 2:00:00, 90 (minutes), 1-12:00:00, 90m, 2h")
-    add("--gpus-per-node", type=int, default=None)
-    add("--cpus-per-node", type=int, default=None)
-    add("--nproc-per-node", "--nproc_per_node", type=int, default=None, help="workers per node (default: --gpus-per-node, else hpctorch's default)")
-    add("--partition", "--queue", "-p", default=None)
-    add("--account", "-A", default=None)
-    add("--job-name", default="hpctorch")
-    add("--output", default=None, help="log file pattern (default per scheduler, e.g. hpctorch-%%x-%%j.out)")
-    add("--scheduler", choices=SCHEDULERS, default=None, help="default: the one whose submit command is on PATH")
-    add("--preempt-signal", default=None, metavar="SIG@SECONDS", help="e.g. USR1@120: signal every rank this long before the end")
-    add("--requeue", action="store_true", help="let the scheduler requeue the job")
-    add("--dry-run", action="store_true", help="print the script, submit nothing")
-    add("--template", default=None, metavar="FILE", help="your own template (placeholders as in the packaged ones)")
-    add("--job-script", default=None, metavar="FILE", help="where to write the job script (default: hpctorch-JOBNAME.SCHEDULER.sh)")
-    for flag in ("--sbatch-arg", "--qsub-arg", "--bsub-arg", "--flux-arg", "--scheduler-arg"):
-        add(flag, dest="extra", action="append", default=[], metavar="ARG", help="passed to the scheduler as a directive" if flag == "--scheduler-arg" else argparse.SUPPRESS)
-    add("--iface", default=None, help="passed on to hpctorch run")
-    add("-m", "--module", action="store_true")
-    add("script")
-    add("script_args", nargs=argparse.REMAINDER)
+    if only in (None, "submit"):
+        add = job.add_argument
+        add("--nodes", type=int, required=True)
+        add("--time", required=True, help="wall time: 2:00:00, 90 (minutes), 1-12:00:00, 90m, 2h")
+        add("--gpus-per-node", type=int, default=None)
+        add("--cpus-per-node", type=int, default=None)
+        add("--nproc-per-node", "--nproc_per_node", type=int, default=None, help="workers per node (default: --gpus-per-node, else hpctorch's default)")
+        add("--partition", "--queue", "-p", default=None)
+        add("--account", "-A", default=None)
+        add("--job-name", default="hpctorch")
+        add("--output", default=None, help="log file pattern (default per scheduler, e.g. hpctorch-%%x-%%j.out)")
+        add("--scheduler", choices=SCHEDULERS, default=None, help="default: the one whose submit command is on PATH")
+        add("--preempt-signal", default=None, metavar="SIG@SECONDS", help="e.g. USR1@120: signal every rank this long before the end")
+        add("--requeue", action="store_true", help="let the scheduler requeue the job")
+        add("--dry-run", action="store_true", help="print the script, submit nothing")
+        add("--template", default=None, metavar="FILE", help="your own template (placeholders as in the packaged ones)")
+        add("--job-script", default=None, metavar="FILE", help="where to write the job script (default: hpctorch-JOBNAME.SCHEDULER.sh)")
+        for flag in ("--sbatch-arg", "--qsub-arg", "--bsub-arg", "--flux-arg", "--scheduler-arg"):
+            add(flag, dest="extra", action="append", default=[], metavar="ARG", help="passed to the scheduler as a directive" if flag == "--scheduler-arg" else argparse.SUPPRESS)
+        add("--iface", default=None, help="passed on to hpctorch run")
+        add("-m", "--module", action="store_true")
+        add("script")
+        add("script_args", nargs=argparse.REMAINDER)
     hosts = sub.add_parser("hostlist", help="expand or compress Slurm hostlists", allow_abbrev=False)
-    hosts_sub = hosts.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    hosts_sub.add_parser("expand", help="EXPR -> one name per line").add_argument("expr")
-    hosts_sub.add_parser("compress", help="NAMES... -> one hostlist").add_argument("names", nargs="+")
+    if only in (None, "hostlist"):
+        hosts_sub = hosts.add_subparsers(dest="action", required=True, parser_class=_Parser)
+        hosts_sub.add_parser("expand", help="EXPR -> one name per line").add_argument("expr")
+        hosts_sub.add_parser("compress", help="NAMES... -> one hostlist").add_argument("names", nargs="+")
     return parser
 
 
@@ -295,7 +302,8 @@ def _hostlist(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
-        args = _parser().parse_args(argv)
+        command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "hostlist") else None
+        args = _parser(command).parse_args(argv)
         args.argv = argv
         handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": _submit, "hostlist": _hostlist}[args.command]
         return handler(args)
