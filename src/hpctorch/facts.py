@@ -44,13 +44,6 @@ def resolve(host: str) -> tuple[str, ...]:
     return tuple(sorted(addresses, key=lambda a: ":" in a))
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def gather(env: Mapping[str, str] | None = None, resolve_hosts: Iterable[str] = ()) -> HostFacts:
     """Read this host's facts; ``resolve_hosts`` are names to look up in DNS/hosts."""
     env = dict(os.environ if env is None else env)
