@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tests.environment import clean_env  # noqa: F401 - the benchmarks import it from here
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
@@ -89,15 +91,6 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines.extend("| " + " | ".join(str(c) for c in row) + " |" for row in rows)
     return "\n".join(lines)
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without any launcher's variables (a benchmark is not inside a job)."""
-    prefixes = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PBS_", "LSB_", "FLUX_", "TORCHELASTIC_", "HPCTORCH_", "MV2_", "PALS_")
-    names = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes) and k not in names}
-    env.update(extra)
-    return env
 
 
 def cluster_available() -> bool:

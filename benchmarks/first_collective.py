@@ -11,24 +11,19 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from hpctorch.network import free_port
+
 from .common import PYTHON, WORKER, clean_env, kill_trees, cluster_available, interleaved, save, summary, table
 
 HPCTORCH = (PYTHON, "-m", "hpctorch", "run")
 TORCHRUN = (PYTHON, "-m", "torch.distributed.run")
 MPIRUN = ("mpirun", "--oversubscribe", "--allow-run-as-root", "-x", "PATH")
-
-
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
 
 
 def together(commands: Sequence[Sequence[str]], env: dict[str, str] | None = None, timeout: float = 300) -> float:
@@ -60,7 +55,7 @@ def one_node_cases() -> dict[str, Callable[[], float]]:
 
 def simulated_two_node_cases() -> dict[str, Callable[[], float]]:
     def torchrun() -> float:
-        port = str(_port())
+        port = str(free_port(""))
         return together([[*TORCHRUN, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
                           "--master-port", port, "--nproc-per-node", "2", WORKER] for rank in (0, 1)])
 
@@ -80,7 +75,7 @@ def cluster_two_node_cases(cluster, job_dir: Path) -> dict[str, Callable[[], flo
     def torchrun() -> float:
         # Hand-given like the ranks: without GLOO_SOCKET_IFNAME gloo takes the address the
         # host name resolves to, on the unreachable management network, and hangs.
-        port = str(_port())
+        port = str(free_port(""))
         return together([cluster.on(node, [*TORCHRUN, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", fabric_addr(1),
                                            "--master-port", port, "--nproc-per-node", "2", WORKER])
                          for rank, node in enumerate(cluster.names)], cluster.env(GLOO_SOCKET_IFNAME="hsn0"))
@@ -102,7 +97,7 @@ def torchrun_without_interface(cluster, limit_s: float = 60) -> str:  # type: ig
     """One try of torchrun given ranks, master and port but no GLOO_SOCKET_IFNAME."""
     from tests.cluster.harness import fabric_addr
 
-    port = str(_port())
+    port = str(free_port(""))
     try:
         elapsed = together([cluster.on(node, [*TORCHRUN, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", fabric_addr(1),
                                               "--master-port", port, "--nproc-per-node", "2", WORKER])

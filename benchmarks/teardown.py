@@ -7,22 +7,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from hpctorch.network import free_port
+
 from .common import PYTHON, ROOT, clean_env, kill_trees, cluster_available, interleaved, save, summary, table
 
 COMPUTE = str(ROOT / "tests" / "fixtures" / "compute.py")
-
-
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
 
 
 def after_death(commands: Sequence[Sequence[str]], marker: Path, env: dict[str, str]) -> float:
@@ -50,7 +45,7 @@ def cases(seconds: float, work: Path, cluster=None) -> dict[str, Callable[[], fl
         env = clean_env()
 
         def torchrun() -> float:
-            port = str(_port())
+            port = str(free_port(""))
             return after_death([[PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(r), "--master-addr", "127.0.0.1",
                                  "--master-port", port, "--nproc-per-node", "2", *script] for r in (0, 1)], marker, env)
 
@@ -66,7 +61,7 @@ def cases(seconds: float, work: Path, cluster=None) -> dict[str, Callable[[], fl
     env = cluster.env()
 
     def torchrun_on_nodes() -> float:
-        port = str(_port())
+        port = str(free_port(""))
         # GLOO_SOCKET_IFNAME hand-given too: without it gloo takes the management network and hangs.
         return after_death([cluster.on(node, [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(r),
                                               "--master-addr", fabric_addr(1), "--master-port", port, "--nproc-per-node", "2", *script])

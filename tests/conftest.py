@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from .environment import clean_env  # noqa: F401 - the tests import it from here
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 STRICT = os.environ.get("HPCTORCH_REQUIRE_CLUSTER") == "1"
@@ -46,16 +48,3 @@ def hpctorch(*args: str, env: dict[str, str] | None = None, timeout: float = 120
         timeout=timeout,
         cwd=cwd or ROOT,
     )
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without any launcher's variables, plus ``extra``."""
-    launcher_prefixes = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PBS_", "LSB_", "FLUX_", "TORCHELASTIC_", "HPCTORCH_", "MV2_", "PALS_")
-    torch_vars = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK"}
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(launcher_prefixes) and k not in torch_vars
-    }
-    env.update(extra)
-    return env

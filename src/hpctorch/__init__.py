@@ -22,7 +22,7 @@ _WHERE = {
     "init": "initialize",
     "make_plan": "plan",
 }
-__all__ = sorted(_WHERE)
+__all__ = ["Allocation", "Context", "HpctorchError", "Options", "Plan", "detect", "init", "make_plan"]  # = sorted(_WHERE)
 
 if TYPE_CHECKING:
     from .allocation import Allocation

@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import Mapping
 
+from . import network
 from .errors import HpctorchError
 from .plan import Plan
 from .sharedfiles import BeatingFiles
@@ -79,15 +80,6 @@ def disagreement_error(lines: list[str]) -> HpctorchError:
     )
 
 
-def reachable(address: str, port: int, timeout_s: float) -> bool:
-    """A plain connect first: torch's store client logs a C++ trace for every refusal."""
-    try:
-        with socket.create_connection((address, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
 def open_store(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
     from torch.distributed import TCPStore
 
@@ -125,7 +117,8 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
             files.publish()
             # The files matter only when the store does not settle it quickly.
             seen = dict(files.read_live()) if time.monotonic() - started > FILES_AFTER_S else {}
-            if store is None and reachable(plan.master_addr, plan.master_port, POLL_S):
+            # A plain connect first: torch's store client logs a C++ trace for every refusal.
+            if store is None and network.connect(plan.master_addr, plan.master_port, POLL_S)["ok"]:
                 try:
                     store = open_store(plan, max(1.0, deadline - time.monotonic()))
                     _publish(store, plan.node_rank, mine)
@@ -143,7 +136,7 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
                     raise disagreement_error(verdict.split("\n"))
             lines = differences({**seen, **stored, plan.node_rank: mine})
             if lines:
-                _linger(files)
+                files.linger(GRACE_S, POLL_S)  # so the others see this node disagree
                 raise disagreement_error(lines)
             if time.monotonic() > deadline:
                 raise _timeout_error(plan, timeout_s, store is not None, stored)
@@ -218,10 +211,3 @@ def _timeout_error(plan: Plan, timeout_s: float, connected: bool, stored: Mappin
         "--master-addr on one node is named here when the nodes share --rendezvous-dir), "
         "or raise --rdzv-timeout",
     )
-
-
-def _linger(files: BeatingFiles) -> None:
-    end = time.monotonic() + GRACE_S
-    while time.monotonic() < end:
-        files.publish()
-        time.sleep(POLL_S)

@@ -95,8 +95,3 @@ def gpus(env: Mapping[str, str], root: str = "/") -> Gpus:
         return Gpus()
     numa = tuple(_numa_of_pci(root, bus_ids[p]) if p is not None and p < len(bus_ids) else None for p in physical)
     return Gpus("nvidia" if ids else None, ids, numa, source)
-
-
-def visible_gpus(env: Mapping[str, str], proc_root: str = "/proc") -> tuple[str, ...]:
-    """The device ids a CUDA program here would see, in CUDA's order."""
-    return gpus(env, os.path.dirname(proc_root.rstrip("/")) or "/").ids

@@ -66,21 +66,6 @@ class ProbeListener:
         self.sock.close()
 
 
-def connect(address: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, object]:
-    """One TCP connection: ok, time in ms, or why not (refused, timed out, unreachable)."""
-    started = time.perf_counter()
-    try:
-        with socket.create_connection((address, port), timeout=timeout_s):
-            return {"ok": True, "ms": (time.perf_counter() - started) * 1e3, "error": None}
-    except ConnectionRefusedError:
-        error = f"connection refused (nothing listens on {address}:{port})"
-    except TimeoutError:
-        error = f"timed out after {timeout_s:.0f} s (packets dropped: firewall, or a network this node does not reach)"
-    except OSError as exc:
-        error = exc.strerror or str(exc)
-    return {"ok": False, "ms": None, "error": error}
-
-
 def _versions() -> dict[str, object]:
     import torch
 
@@ -96,7 +81,7 @@ def _versions() -> dict[str, object]:
 
 def local_report(plan: Plan | None, plan_error: str | None, env: Mapping[str, str]) -> dict[str, object]:
     """What this node knows about itself, before talking to anyone."""
-    from .devices import visible_gpus
+    from .devices import gpus
 
     interfaces = network.list_interfaces()
     host = socket.gethostname()
@@ -112,7 +97,7 @@ def local_report(plan: Plan | None, plan_error: str | None, env: Mapping[str, st
         "address": chosen.address if chosen else (plan.master_addr if plan and plan.is_master else None),
         "interfaces": [{"name": i.name, "addresses": [str(a) for a in i.ipv4 + i.ipv6], "up": i.is_up} for i in interfaces],  # type: ignore[operator]
         "resolves": list(resolve(host)),
-        "gpus": {"visible": env.get("CUDA_VISIBLE_DEVICES"), "count": len(visible_gpus(env))},
+        "gpus": {"visible": env.get("CUDA_VISIBLE_DEVICES"), "count": len(gpus(env))},
         "env": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)},
         "master": {"addr": plan.master_addr, "port": plan.master_port} if plan else None,
     }
@@ -160,7 +145,7 @@ class Meeting:
             return
         if self.files.live.get(0, {}).get("hello", {}).get("serving") is False:
             return  # node 0 said, through the shared files, that it could not serve
-        if not agreement.reachable(self.plan.master_addr, self.plan.master_port, POLL_S):
+        if not network.connect(self.plan.master_addr, self.plan.master_port, POLL_S)["ok"]:
             return
         # Something listens there; a program that is not a store may never answer
         # torch's handshake, so the connection is made in a thread given a deadline.
@@ -252,7 +237,7 @@ def _probe_peers(plan: Plan, hellos: Mapping[int, Mapping]) -> dict[str, list[di
         for entry in hello["addresses"]:
             jobs.append((str(node), entry["iface"], entry["addr"], hello["probe_port"], entry["addr"] == hello["chosen"]))
     with ThreadPoolExecutor(max_workers=16) as pool:
-        results = list(pool.map(lambda j: {"iface": j[1], "addr": j[2], "chosen": j[4], **connect(j[2], j[3])}, jobs))
+        results = list(pool.map(lambda j: {"iface": j[1], "addr": j[2], "chosen": j[4], **network.connect(j[2], j[3], PROBE_TIMEOUT_S)}, jobs))
     peers: dict[str, list[dict[str, object]]] = {}
     for job, result in zip(jobs, results):
         peers.setdefault(job[0], []).append(result)
@@ -325,10 +310,10 @@ def examine(plan: Plan, env: Mapping[str, str], timeout_s: float, json_path: str
             resolved = resolve(plan.master_addr)
             shown = plan.master_addr if not resolved or resolved[0] == plan.master_addr else f"{plan.master_addr} ({resolved[0]})"
             reach["master"] = {"target": f"{shown}:{plan.master_port}", "address": resolved[0] if resolved else plan.master_addr,
-                               **connect(plan.master_addr, plan.master_port)}
+                               **network.connect(plan.master_addr, plan.master_port, PROBE_TIMEOUT_S)}
             master_hello = hellos.get(0)
             if master_hello and not reach["master"]["ok"]:  # type: ignore[index]
-                reach["master_host"] = connect(plan.master_addr, int(master_hello["probe_port"]))
+                reach["master_host"] = network.connect(plan.master_addr, int(master_hello["probe_port"]), PROBE_TIMEOUT_S)
         report["reach"] = reach
         report["store"] = meeting.store is not None
         _collectives(plan, meeting, report, via_store, hello_until, final)
@@ -343,7 +328,7 @@ def examine(plan: Plan, env: Mapping[str, str], timeout_s: float, json_path: str
         if json_path:
             _write_json(json_path, {"nnodes": plan.nnodes, "reports": reports, "verdicts": [v.__dict__ for v in found], "exit": code})
         meeting.set_key("exit", str(code))
-        _linger(meeting)
+        meeting.files.linger(agreement.GRACE_S, POLL_S)  # so nodes reading the files see the verdict
         return code
     finally:
         listener.close()
@@ -386,14 +371,6 @@ def _await_verdict(plan: Plan, meeting: Meeting, report: dict, final: float) -> 
     lines.extend(f"  {v.line()}" for v in found)
     print("\n".join(lines), file=sys.stderr, flush=True)
     return 1
-
-
-def _linger(meeting: Meeting) -> None:
-    """Node 0 keeps beating a moment so nodes reading the shared files see its verdict."""
-    end = time.monotonic() + agreement.GRACE_S
-    while time.monotonic() < end:
-        meeting.files.publish()
-        time.sleep(POLL_S)
 
 
 def _write_json(path: str, data: object) -> None:

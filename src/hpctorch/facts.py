@@ -7,7 +7,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from . import affinity, devices, network
+from . import affinity, config, devices, network
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,6 @@ def gather(env: Mapping[str, str] | None = None, resolve_hosts: Iterable[str] = 
     env = dict(os.environ if env is None else env)
     gpus = devices.gpus(env)
     topology = affinity.read_topology()
-    from . import config
-
     return HostFacts(
         hostname=socket.gethostname(),
         interfaces=tuple(network.list_interfaces()),

@@ -7,6 +7,7 @@ import fnmatch
 import ipaddress
 import socket
 import struct
+import time
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -271,3 +272,18 @@ def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.bind((address, 0))
         return int(probe.getsockname()[1])
+
+
+def connect(address: str, port: int, timeout_s: float) -> dict[str, object]:
+    """One plain TCP connection: ok, time in ms, or why not (refused, timed out, unreachable)."""
+    started = time.perf_counter()
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return {"ok": True, "ms": (time.perf_counter() - started) * 1e3, "error": None}
+    except ConnectionRefusedError:
+        error = f"connection refused (nothing listens on {address}:{port})"
+    except TimeoutError:
+        error = f"timed out after {timeout_s:.0f} s (packets dropped: firewall, or a network this node does not reach)"
+    except OSError as exc:
+        error = exc.strerror or str(exc)
+    return {"ok": False, "ms": None, "error": error}

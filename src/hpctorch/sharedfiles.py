@@ -69,6 +69,13 @@ class BeatingFiles:
                 self.live[node] = other
         return self.live
 
+    def linger(self, seconds: float, poll_s: float) -> None:
+        """Keep beating a while, so peers reading the files see the last record."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.publish()
+            time.sleep(poll_s)
+
     def remove(self) -> None:
         if self.path is not None:
             try:

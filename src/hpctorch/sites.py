@@ -133,7 +133,7 @@ def resolve(flags: Mapping[str, object], env: Mapping[str, str], hostname: str, 
         if origin in files:
             layers.append((f"{origin} file {files[origin].get('_path')}", files[origin]))
     extra = [_profile_from(e, str(f.get("_path"))) for o in ("user", "site") if o in files for f in (files[o],) for e in f.get("sites", [])]  # type: ignore[union-attr]
-    forced = next((layer[key] for _, layer in layers if (key := "profile") in layer), None)
+    forced = next((layer["profile"] for _, layer in layers if "profile" in layer), None)
     profile, why = match(env, hostname, [*extra, *BUILT_IN], str(forced) if forced else None)
     values: dict[str, object] = {}
     origins: dict[str, str] = {}

@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from hpctorch.affinity import parse_cpulist
+
 from ..conftest import ROOT, clean_env, hpctorch, unprefixed
 
 SCRIPT = str(ROOT / "tests" / "fixtures" / "affinity.py")
@@ -18,11 +20,7 @@ def _reports(output: str) -> list[dict]:
 
 
 def _cpus(text: str) -> set[int]:
-    found: set[int] = set()
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        found.update(range(int(low), int(high or low) + 1))
-    return found
+    return set(parse_cpulist(text))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to split")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -10,15 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from hpctorch.network import free_port
+
 from ..conftest import ROOT, clean_env
 
 SCRIPT = str(ROOT / "tests" / "fixtures" / "report.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _two_nodes(node_args: list[list[str]]) -> tuple[list[subprocess.CompletedProcess], float]:
@@ -47,7 +42,7 @@ def _assert_both_name(results: list[subprocess.CompletedProcess], *words: str) -
 
 
 def test_a_node_with_another_port_fails_fast_through_the_shared_directory(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     shared = ["--rendezvous-dir", str(tmp_path), "--nproc-per-node", "1"]
     results, elapsed = _two_nodes([["--master-port", str(port), *shared], ["--master-port", str(port + 1), *shared]])
     _assert_both_name(results, f"127.0.0.1:{port},", f"127.0.0.1:{port + 1}")
@@ -55,7 +50,7 @@ def test_a_node_with_another_port_fails_fast_through_the_shared_directory(tmp_pa
 
 
 def test_a_node_with_another_world_size_fails_fast_through_the_store() -> None:
-    port = str(_free_port())
+    port = str(free_port())
     results, elapsed = _two_nodes([["--master-port", port, "--nproc-per-node", "1"], ["--master-port", port, "--nproc-per-node", "2"]])
     _assert_both_name(results, "world size: node 0 (", ") 2, node 1 (", ") 4")
     assert elapsed < 10 + 8, elapsed
@@ -63,7 +58,7 @@ def test_a_node_with_another_world_size_fails_fast_through_the_store() -> None:
 
 @pytest.mark.parametrize("rdzv_dir", [True, False])
 def test_agreeing_nodes_run(tmp_path: Path, rdzv_dir: bool) -> None:
-    port = str(_free_port())
+    port = str(free_port())
     extra = ["--rendezvous-dir", str(tmp_path)] if rdzv_dir else []
     results, _ = _two_nodes([["--master-port", port, "--nproc-per-node", "1", *extra]] * 2)
     assert [r.returncode for r in results] == [0, 0], results[0].stderr + results[1].stderr

@@ -32,7 +32,7 @@ def test_a_busy_master_port_is_named_with_its_holder() -> None:
         started = time.monotonic()
         done = hpctorch("doctor", "--simulate-nodes", "2", "--master-port", str(port), env=clean_env(), timeout=90)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"FAIL node 0 (" in done.stdout and f"master port {port} is already in use" in done.stdout, done.stdout
+    assert "FAIL node 0 (" in done.stdout and f"master port {port} is already in use" in done.stdout, done.stdout
     assert "ok: every check passed" not in done.stdout
     assert time.monotonic() - started < 60
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from hpctorch.network import free_port
 
 from ..conftest import EXAMPLES, ROOT, clean_env, hpctorch, unprefixed
 from .reports import reports
@@ -46,7 +47,7 @@ def test_workers_get_exactly_the_planned_environment() -> None:
 
 
 def test_per_task_mode_execs_in_place_without_torch() -> None:
-    port = str(_free_port())
+    port = str(free_port())
     env = clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     process = subprocess.Popen([sys.executable, "-m", "hpctorch", "run", REPORT], env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     out, _ = process.communicate(timeout=60)
@@ -115,12 +116,6 @@ def test_plan_never_imports_torch() -> None:
     code = "import sys; from hpctorch.cli import main; main(['plan', '--nproc-per-node', '2']); assert 'torch' not in sys.modules, 'torch imported'"
     done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_hostlist_commands() -> None:
