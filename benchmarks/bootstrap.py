@@ -44,14 +44,17 @@ def mpi(n: int, repeats: int) -> dict[str, float]:
 NODE = """
 import socket, sys, time
 from hpctorch.plan import Plan
-from hpctorch.rendezvous import exchange_master
+from hpctorch.rendezvous import read_master, write_master
 node, count, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 plan = Plan(mode="per-node", scheduler="hostfile", job_id=None, nodes=(socket.gethostname(),) + tuple(f"n{i}" for i in range(1, count)), node_rank=node,
-            nproc_per_node=(1,) * count, master_addr="10.9.0.1" if node == 0 else "", master_port=29400, rdzv_backend="static",
-            rdzv_timeout=60, run_id="bench", iface=None, simulated=False, max_restarts=0, workers=(), launcher_env={},
+            nproc_per_node=(1,) * count, master_addr="198.18.0.1" if node == 0 else None, master_port=29400, rdzv_backend="static",
+            rdzv_timeout=60, run_id="bench", iface=None, simulated=False, max_restarts=0, workers=(), common_env={},
             master_exchange=path)
-got = exchange_master(plan)
-assert got.master_addr == "10.9.0.1", got.master_addr
+if node == 0:
+    write_master(plan)
+else:
+    got = read_master(plan)
+    assert got == "198.18.0.1", got
 print(time.time())
 """
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from hpctorch import network
 from hpctorch.facts import HostFacts
-from hpctorch.plan import Options, make_plan
+from hpctorch import Options, make_plan
 from hpctorch.schedulers import detect
 
 from .common import save, table

@@ -20,7 +20,7 @@ _WHERE = {
     "Plan": "plan",
     "detect": "schedulers",
     "init": "initialize",
-    "make_plan": "plan",
+    "make_plan": "decide",
 }
 __all__ = ["Allocation", "Context", "HpctorchError", "Options", "Plan", "detect", "init", "make_plan"]  # = sorted(_WHERE)
 
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from .allocation import Allocation
     from .errors import HpctorchError
     from .initialize import Context, init
-    from .plan import Options, Plan, make_plan
+    from .decide import make_plan
+    from .plan import Options, Plan
     from .schedulers import detect
 
 

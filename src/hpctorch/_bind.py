@@ -3,20 +3,13 @@
 torch's elastic agent starts every local worker with one command and one environment;
 this gives worker LOCAL_RANK its own CPUs (sched_setaffinity, before torch starts any
 thread), HPCTORCH_CPUS, HPCTORCH_DEVICES and OMP_NUM_THREADS from the plan's lists,
-then execs the worker. Run as a file, it imports nothing of hpctorch.
+then execs the worker. Run as a file, it imports only ``hpctorch.cpulist``.
 """
 
 import os
 import sys
 
-
-def _cpus(text: str) -> set:
-    cpus = set()
-    for part in text.split(","):
-        if part:
-            low, _, high = part.partition("-")
-            cpus.update(range(int(low), int(high or low) + 1))
-    return cpus
+from hpctorch.cpulist import parse_cpulist
 
 
 def main() -> None:
@@ -25,7 +18,8 @@ def main() -> None:
     device_sets = os.environ.get("HPCTORCH_DEVICE_SETS", "").split(";")
     threads = os.environ.get("HPCTORCH_THREAD_COUNTS", "").split(",")
     if rank < len(cpu_sets) and cpu_sets[rank]:
-        os.sched_setaffinity(0, _cpus(cpu_sets[rank]))
+        if hasattr(os, "sched_setaffinity"):  # Linux only; elsewhere the plan binds nothing
+            os.sched_setaffinity(0, parse_cpulist(cpu_sets[rank]))
         os.environ["HPCTORCH_CPUS"] = cpu_sets[rank]
     if rank < len(device_sets) and device_sets[rank]:
         os.environ["HPCTORCH_DEVICES"] = device_sets[rank]

@@ -7,6 +7,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .cpulist import format_cpulist, parse_cpulist  # noqa: F401 - format_cpulist is re-exported
+
 BIND_MODES = ("none", "cores", "numa")
 
 
@@ -21,30 +23,6 @@ class CpuTopology:
     online: int = 0
     quota: float | None = None
     """CPUs' worth of time the cgroup grants (cpu.max), when limited."""
-
-
-def parse_cpulist(text: str) -> tuple[int, ...]:
-    """Linux's cpulist syntax: ``0-3,8,10-11``."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cpus.extend(range(int(low), int(high or low) + 1))
-    return tuple(cpus)
-
-
-def format_cpulist(cpus: Sequence[int]) -> str:
-    parts, ordered = [], sorted(set(cpus))
-    start = previous = None
-    for cpu in ordered + [None]:  # type: ignore[list-item]
-        if cpu is not None and previous is not None and cpu == previous + 1:
-            previous = cpu
-            continue
-        if start is not None:
-            parts.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = cpu
-    return ",".join(parts)
 
 
 def read_sysfs(path: str) -> str | None:

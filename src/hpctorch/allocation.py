@@ -2,45 +2,74 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
-class Allocation:
-    """The facts a scheduler states about this job and this process.
+class Launched(enum.Enum):
+    """What the launcher started, which decides how hpctorch runs: one value, not flags."""
 
-    ``nodes`` is empty when the launcher does not name the hosts (torchrun,
-    Kubernetes); otherwise it has one name per entry of ``tasks_per_node``, in
-    the order that global ranks follow. ``sources`` maps a field name to the
-    environment variables it was read from, for ``hpctorch plan --explain``.
+    NODES = "one process per node"
+    """This process is the node's only one (or the machine is alone): it starts the workers."""
+    RANKS = "every rank"
+    """The launcher started each training rank itself: this process is one of them."""
+    TORCH = "every rank, torch's variables set"
+    """torchrun's agent (or equal) set the whole torch environment: change nothing."""
+    BATCH = "a batch script"
+    """The job's batch script on several nodes, no rank: relaunch one task per node."""
+    UNNAMED = "tasks on unnamed nodes"
+    """Tasks started, but nothing names their nodes or master: an allgather must (MPI)."""
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """What one launcher is, beyond what it says of one job: the behaviours that differ.
+
+    Each module in ``schedulers/`` defines one (or a few, for flavours of MPI). The rest
+    of hpctorch asks these fields; it never compares a launcher's name.
     """
 
-    scheduler: str
+    name: str
+    numbers_nodes: bool = True
+    """False when it knows only this machine (no scheduler): --nnodes/--node-rank then decide."""
+    relaunch: tuple[str, ...] = ()
+    """From a batch script: the command prefix that starts one task per node; ``{nnodes}``
+    is replaced by the node count. Empty: this launcher cannot be relaunched by hpctorch."""
+    requeue: tuple[str, ...] = ()
+    """The command that requeues a job, the job id appended; empty: none."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The facts a launcher states about this job and this process.
+
+    ``nodes`` is empty when the launcher does not name the hosts (torchrun,
+    Kubernetes, MPI before the allgather); otherwise it has one name per entry of
+    ``tasks_per_node``, in the order that global ranks follow. ``sources`` maps a field
+    name to the environment variables it was read from, for ``hpctorch plan --explain``.
+    """
+
+    launcher: Launcher
     tasks_per_node: tuple[int, ...]
+    launched: Launched = Launched.NODES
     nodes: tuple[str, ...] = ()
     job_id: str | None = None
     step_id: str | None = None
     task_rank: int | None = None
-    node_index: int | None = None
+    node_rank: int | None = None
     local_task_rank: int | None = None
-    gpus: tuple[str, ...] | None = None
     master_addr: str | None = None
     master_port: int | None = None
-    launched_ranks: bool = False
-    """The launcher itself started every training rank (per-task by nature)."""
-    complete: bool = False
-    """The launcher already set the whole torch environment: change nothing."""
     slots_per_node: tuple[int, ...] | None = None
     """Workers each node should start, when the host list says (``host slots=N``)."""
-    needs_bootstrap: bool = False
-    """The launcher names no nodes or master (MPI): an allgather must find them."""
     submit_dir: str | None = None
     """A directory every node of the job shares (where it was submitted from)."""
-    step_launcher: tuple[str, ...] = ()
-    """Outside any job step (a batch script on several nodes): the command prefix
-    that starts one task per node, e.g. ``srun --nodes=2 --ntasks-per-node=1``."""
     sources: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def scheduler(self) -> str:
+        return self.launcher.name
 
     @property
     def nnodes(self) -> int:
@@ -52,4 +81,14 @@ class Allocation:
 
     @property
     def tasks_on_this_node(self) -> int:
-        return self.tasks_per_node[self.node_index or 0]
+        return self.tasks_per_node[self.node_rank or 0]
+
+    def relaunch_command(self) -> tuple[str, ...]:
+        """The launcher's relaunch prefix for this job's node count."""
+        return tuple(part.replace("{nnodes}", str(self.nnodes)) for part in self.launcher.relaunch)
+
+
+def launched_by_tasks(tasks_per_node: tuple[int, ...]) -> Launched:
+    """Several tasks on any node means the launcher started every rank: mixed 1- and
+    2-task nodes must all run per task, or ranks would not add up."""
+    return Launched.RANKS if max(tasks_per_node, default=1) > 1 else Launched.NODES

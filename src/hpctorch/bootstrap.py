@@ -14,15 +14,15 @@ import subprocess
 import sys
 from dataclasses import replace
 
-from .allocation import Allocation
+from .allocation import Allocation, launched_by_tasks
 from .errors import HpctorchError
+from .schedulers._hostfiles import group_slots
 
 
 def from_records(allocation: Allocation, rank: int, records: list[list[str]], port: int) -> Allocation:
     """Nodes by distinct host name in rank order; master = rank 0's address."""
     hosts = [host for host, _ in records]
-    nodes = list(dict.fromkeys(hosts))
-    tasks = [hosts.count(node) for node in nodes]
+    nodes, tasks = group_slots(hosts)
     own = hosts[rank]
     # Global ranks must be contiguous per node for torch's LOCAL_RANK/GROUP_RANK to
     # agree with them; mpirun's default by-slot mapping gives that, cyclic does not.
@@ -36,21 +36,20 @@ def from_records(allocation: Allocation, rank: int, records: list[list[str]], po
     sources = dict(allocation.sources)
     sources.update(
         nodes="mpi4py allgather of host names",
-        node_index="mpi4py allgather of host names",
+        node_rank="mpi4py allgather of host names",
         master_port="mpi4py bcast: a port free on rank 0",
     )
     if multi:
         sources["master_addr"] = "mpi4py allgather: rank 0's address"
     return replace(
         allocation,
-        nodes=tuple(nodes),
-        tasks_per_node=tuple(tasks),
-        node_index=nodes.index(own),
+        nodes=nodes,
+        tasks_per_node=tasks,
+        launched=launched_by_tasks(tasks),
+        node_rank=nodes.index(own),
         local_task_rank=hosts[:rank].count(own),
         master_addr=records[0][1] if multi else None,
         master_port=port,
-        launched_ranks=max(tasks) > 1,
-        needs_bootstrap=False,
         sources=sources,
     )
 

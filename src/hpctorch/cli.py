@@ -12,8 +12,6 @@ from . import hostlist
 from .errors import HpctorchError
 from .plan import DEFAULT_RDZV_TIMEOUT_S, MODES, Options, Plan
 
-SCHEDULERS = ("flux", "lsf", "pbs", "slurm")  # submit.SUBMIT_COMMANDS, without importing it
-
 EXIT_USAGE = 2
 
 
@@ -67,7 +65,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--quiet-ranks", action="store_true", help="show only rank 0's output on the terminal (every rank's is kept in --log-dir)")
     add("--console-ranks", default=None, metavar="R,R,...", help="global ranks whose output reaches the terminal")
     add("--requeue", action="store_true", help="after a preemption signal (SIGUSR1/2), requeue the job with the scheduler's command")
-    add("--standalone", action="store_true", help="accepted for torchrun compatibility: one node")
+    add("--standalone", action="store_true", help="as torchrun: this machine alone, whatever launched it, on a free local port")
     add("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
     add("--no-python", "--no_python", action="store_true", help="run the script as an executable, not with python")
 
@@ -106,7 +104,9 @@ def _parser(only: str | None = None) -> _Parser:
         add("--account", "-A", default=None)
         add("--job-name", default="hpctorch")
         add("--output", default=None, help="log file pattern (default per scheduler, e.g. hpctorch-%%x-%%j.out)")
-        add("--scheduler", choices=SCHEDULERS, default=None, help="default: the one whose submit command is on PATH")
+        from .submit import SUBMIT_COMMANDS
+
+        add("--scheduler", choices=sorted(SUBMIT_COMMANDS), default=None, help="default: the one whose submit command is on PATH")
         add("--preempt-signal", default=None, metavar="SIG@SECONDS", help="e.g. USR1@120: signal every rank this long before the end")
         add("--requeue", action="store_true", help="let the scheduler requeue the job")
         add("--dry-run", action="store_true", help="print the script, submit nothing")
@@ -151,8 +151,10 @@ def _check_script(args: argparse.Namespace) -> None:
 def _options(args: argparse.Namespace) -> Options:
     nnodes = args.nnodes
     if args.standalone:
-        if nnodes not in (None, 1):
-            raise HpctorchError(f"--standalone contradicts --nnodes {nnodes}", "drop one of them")
+        for flag, value in (("--nnodes", nnodes if nnodes != 1 else None), ("--node-rank", args.node_rank if args.node_rank else None),
+                            ("--hostfile", args.hostfile), ("--hosts", args.hosts), ("--simulate-nodes", args.simulate_nodes)):
+            if value is not None:
+                raise HpctorchError(f"--standalone contradicts {flag} {value}", "drop one of them")
     return Options(
         nproc_per_node=args.nproc_per_node,
         nnodes=nnodes,
@@ -170,14 +172,15 @@ def _options(args: argparse.Namespace) -> Options:
         hosts=args.hosts,
         gpus_per_proc=args.gpus_per_proc,
         cpu_bind=args.cpu_bind,
+        standalone=args.standalone,
         command=_worker_command(args),
     )
 
 
-def build_plan(args: argparse.Namespace) -> Plan:
+def build_plan(args: argparse.Namespace, exchange: bool = True) -> Plan:
     from .discover import plan_here
 
-    return plan_here(_options(args), os.environ)
+    return plan_here(_options(args), os.environ, exchange=exchange)
 
 
 def _console_ranks(args: argparse.Namespace) -> set[int] | None:
@@ -193,15 +196,13 @@ def _console_ranks(args: argparse.Namespace) -> set[int] | None:
 
 def _run(args: argparse.Namespace) -> int:
     from . import launch
-    from .rendezvous import exchange_master
 
     _check_script(args)
     plan = build_plan(args)
-    if plan.mode == "launch-step":
-        launch.exec_step(plan, args.argv)
+    if plan.mode == "relaunch":
+        launch.exec_relaunch(plan, args.argv)
     launch.check_master_port(plan)
-    plan = exchange_master(plan)
-    if plan.mode == "per-task":
+    if plan.mode in ("per-task", "unchanged"):
         launch.exec_per_task(plan)
     if plan.node_rank == 0:  # one copy per job, not one per node
         print(plan.table(), file=sys.stderr, flush=True)
@@ -222,7 +223,7 @@ def _plan(args: argparse.Namespace) -> int:
     from . import launch
 
     _check_script(args)
-    plan = build_plan(args)
+    plan = build_plan(args, exchange=False)
     print(plan.to_json() if args.json else plan.table(explain=args.explain))
     launch.check_master_port(plan)
     return 0

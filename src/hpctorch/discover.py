@@ -1,18 +1,19 @@
-"""Everything before acting, in one place for the CLI and ``init()``:
-detect the allocation, read this host, run the MPI bootstrap if needed, plan."""
+"""Everything before acting, in one place for the CLI, ``init()`` and the doctor: detect
+the allocation, read this host, resolve the settings and choose the interface once, run
+the MPI allgather or the master-address exchange where needed, and plan."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
 
-from . import network, sites
-from .allocation import Allocation
+from . import fabric
+from .allocation import Allocation, Launched
+from .decide import make_plan
 from .errors import HpctorchError
 from .facts import HostFacts, gather, resolve
-from .schedulers import hostfile
-from .plan import Options, Plan, make_plan
-from .schedulers import detect
+from .plan import Options, Plan
+from .schedulers import detect, hostfile, this_machine
 
 
 def _from_host_list(options: Options, env: Mapping[str, str]) -> tuple[Allocation, HostFacts]:
@@ -38,25 +39,40 @@ def _from_host_list(options: Options, env: Mapping[str, str]) -> tuple[Allocatio
         return hostfile.allocation(entries, origin, facts.hostname, own, facts.resolved), facts
 
 
-def plan_here(options: Options, env: Mapping[str, str]) -> Plan:
+def _allocation(options: Options, env: Mapping[str, str]) -> tuple[Allocation, HostFacts]:
     if options.hostfile or options.hosts:
-        allocation, facts = _from_host_list(options, env)
-        return make_plan(allocation, options, facts)
-    allocation = detect(env)
+        return _from_host_list(options, env)
+    allocation = this_machine(env) if options.standalone else detect(env)
     # Only the master's name needs resolving: other nodes' addresses are theirs to give.
-    facts = gather(env, resolve_hosts=allocation.nodes[:1] if allocation.nnodes > 1 else ())
-    suffix = sites.resolve({"iface": options.iface}, facts.env, facts.hostname, facts.config).master_suffix
+    return allocation, gather(env, resolve_hosts=allocation.nodes[:1] if allocation.nnodes > 1 else ())
+
+
+def plan_here(options: Options, env: Mapping[str, str], exchange: bool = True) -> Plan:
+    """The final plan for this process. With ``exchange`` (run, init), a master address
+    that must come through the shared directory is written or read first; without it
+    (``hpctorch plan``), the plan says where it will be read."""
+    allocation, facts = _allocation(options, env)
+    choices = fabric.choose(options, facts, options.master_addr or allocation.master_addr)
+    suffix = choices.settings.master_suffix
     if suffix and allocation.nnodes > 1:  # the site names fabric addresses host+suffix
         name = allocation.nodes[0] + suffix
         facts = replace(facts, resolved={**facts.resolved, name: resolve(name)})
-    if allocation.needs_bootstrap:
-        try:
-            iface = network.choose_interface(options.iface, facts.interfaces, (), facts.default_route)[0].name
-        except HpctorchError:
-            if options.iface:
-                raise
-            iface = None  # a lone machine with loopback only: fine if every rank is here
+    if allocation.launched is Launched.UNNAMED:
+        if choices.settings.iface:
+            choices.require()  # an interface asked for but not here
         from .bootstrap import mpi_exchange  # subprocess and json only when MPI needs them
 
-        allocation = mpi_exchange(allocation, iface, options.rdzv_timeout)
-    return make_plan(allocation, options, facts)
+        # A lone machine with loopback only has no interface: fine if every rank is here.
+        allocation = mpi_exchange(allocation, choices.iface.name if choices.iface else None, options.rdzv_timeout)
+    plan = make_plan(allocation, options, facts, choices)
+    if not (exchange and plan.master_exchange):
+        return plan
+    from . import rendezvous
+
+    if plan.master_addr is not None:  # node 0
+        if plan.workers and plan.workers[0].local_rank == 0:  # one writer per node
+            rendezvous.write_master(plan)
+        return plan
+    address = rendezvous.read_master(plan)
+    sources = {**allocation.sources, "master_addr": f"{plan.master_exchange}, written by node 0"}
+    return make_plan(replace(allocation, master_addr=address, sources=sources), options, facts, choices)

@@ -120,9 +120,8 @@ class Meeting:
 
     PREFIX = "hpctorch/doctor/"
 
-    def __init__(self, plan: Plan, deadline: float) -> None:
+    def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.deadline = deadline
         self.store = None
         self.not_a_store = False
         self.serve_error: str | None = None
@@ -290,10 +289,10 @@ def examine(plan: Plan, env: Mapping[str, str], timeout_s: float, json_path: str
     started = time.monotonic()
     hello_until = started + timeout_s * 0.4
     final = started + timeout_s
-    os.environ.update(plan.launcher_env)  # GLOO_SOCKET_IFNAME etc., as the job's workers get them
+    os.environ.update(plan.common_env)  # GLOO_SOCKET_IFNAME etc., as the job's workers get them
     report = local_report(plan, None, env)
     listener = ProbeListener().start()
-    meeting = Meeting(plan, final)
+    meeting = Meeting(plan)
     try:
         meeting.open()
         report["serve_error"] = meeting.serve_error
@@ -384,9 +383,8 @@ def _write_json(path: str, data: object) -> None:
 
 def plan_for_doctor(options: Options, env: Mapping[str, str]) -> Plan:
     from .discover import plan_here
-    from .rendezvous import exchange_master
 
-    return exchange_master(plan_here(replace(options, command=("doctor",)), env))
+    return plan_here(replace(options, command=("doctor",)), env)
 
 
 def run(options: Options, env: Mapping[str, str], timeout_s: float, json_path: str | None, argv: list[str]) -> int:
@@ -399,13 +397,13 @@ def run(options: Options, env: Mapping[str, str], timeout_s: float, json_path: s
         if json_path:
             _write_json(json_path, {"reports": {"?": report}, "exit": 1})
         return 1
-    if plan.mode == "launch-step":
-        from .launch import exec_step
+    if plan.mode == "relaunch":
+        from .launch import exec_relaunch
 
-        exec_step(plan, argv)
+        exec_relaunch(plan, argv)
     if plan.simulated:
         return _simulate(plan, options, timeout_s, json_path)
-    if plan.mode == "per-task" and plan.workers and plan.workers[0].local_rank != 0:
+    if plan.mode in ("per-task", "unchanged") and plan.workers and plan.workers[0].local_rank != 0:
         return 0  # one doctor per node: local task 0 speaks for its node
     if plan.nnodes == 1:
         plan = replace(plan, master_port=plan.master_port or network.free_port())

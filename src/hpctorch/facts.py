@@ -26,7 +26,6 @@ class HostFacts:
     resolved: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Addresses that host names resolved to (the master's, when not this node)."""
     gpu_numa: tuple[int | None, ...] = ()
-    gpu_vendor: str | None = None
     gpu_source: str = ""
     topology: affinity.CpuTopology | None = None
     """CPUs, NUMA nodes and cores; None: ``cpus`` CPUs numbered from 0, one NUMA node."""
@@ -55,7 +54,6 @@ def gather(env: Mapping[str, str] | None = None, resolve_hosts: Iterable[str] = 
         env=env,
         gpus=gpus.ids,
         gpu_numa=gpus.numa,
-        gpu_vendor=gpus.vendor,
         gpu_source=gpus.source,
         topology=topology,
         config=config.load(env),

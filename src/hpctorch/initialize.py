@@ -63,9 +63,8 @@ def prepare_env() -> None:
         return
     from .discover import plan_here
     from .plan import Options
-    from .rendezvous import exchange_master
 
-    plan = exchange_master(plan_here(Options(mode="per-task"), os.environ))
+    plan = plan_here(Options(mode="per-task"), os.environ)
     os.environ.update(plan.workers[0].env)
 
 

@@ -35,8 +35,8 @@ def check_master_port(plan: Plan) -> None:
         return
     if plan.mode == "per-task" and plan.workers and plan.workers[0].rank != 0:
         return  # rank 0 on this node binds the port, perhaps already
-    if plan.mode == "per-task" and not plan.launcher_env and plan.scheduler == "torchrun":
-        return  # torchrun's agent holds it
+    if plan.mode == "unchanged":
+        return  # the launcher that set every variable (torchrun's agent) holds it
     if not network.port_is_free("", plan.master_port):
         why = plan.reasons.get("master_port", "")
         raise HpctorchError(
@@ -50,7 +50,7 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
     env = dict(os.environ if base_env is None else base_env)
     env.update(plan.workers[0].env)
     if env.get("HPCTORCH_CPUS") and hasattr(os, "sched_setaffinity"):
-        from .affinity import parse_cpulist
+        from .cpulist import parse_cpulist
 
         os.sched_setaffinity(0, parse_cpulist(env["HPCTORCH_CPUS"]))  # the exec keeps it
     try:
@@ -59,16 +59,16 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
         raise HpctorchError(f"cannot start {plan.command[0]!r}: {exc.strerror}", "check the command and PATH") from None
 
 
-def exec_step(plan: Plan, hpctorch_argv: Sequence[str]) -> None:
+def exec_relaunch(plan: Plan, hpctorch_argv: Sequence[str]) -> None:
     """From a batch script: become ``srun ... hpctorch <same arguments>``, one per node."""
-    command = [*plan.step_launcher, sys.executable, "-m", "hpctorch", *hpctorch_argv]
+    command = [*plan.relaunch, sys.executable, "-m", "hpctorch", *hpctorch_argv]
     print(f"hpctorch: {plan.reasons['mode']}", file=sys.stderr, flush=True)
     try:
         os.execvp(command[0], command)
     except OSError as exc:
         raise HpctorchError(
             f"cannot start {command[0]!r} to launch the job step: {exc.strerror}",
-            f"run '{' '.join(plan.step_launcher)} hpctorch run ...' in the job script yourself",
+            f"run '{' '.join(plan.relaunch)} hpctorch run ...' in the job script yourself",
         ) from None
 
 
@@ -114,7 +114,8 @@ def run_per_node(
     """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    os.environ.update(plan.launcher_env)
+    assert plan.master_addr is not None, "the exchange runs before the final plan"
+    os.environ.update(plan.common_env)
     if plan.rdzv_backend == "static":
         rdzv_configs: dict[str, object] = {"rank": plan.node_rank, "timeout": plan.rdzv_timeout}
     else:
@@ -153,7 +154,7 @@ def run_per_node(
     preempted = _forward_preemption_to_children()
     try:
         command = plan.command
-        if any(k in plan.launcher_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS")):
+        if any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS")):
             command = (sys.executable, BIND_WRAPPER, *command)  # each worker its own CPUs and devices
         elastic_launch(config, command[0])(*command[1:])
     except ChildFailedError as exc:
@@ -214,8 +215,8 @@ def _requeue_if_preempted(plan: Plan, preempted: Sequence[int], requeue: bool) -
     """After a preemption signal, node 0 asks the scheduler to requeue the job."""
     if not (requeue and preempted and plan.node_rank == 0 and plan.job_id):
         return
-    command = {"slurm": ["scontrol", "requeue"], "pbs": ["qrerun"], "lsf": ["brequeue"]}.get(plan.scheduler)
-    if command is None:
+    command = list(plan.requeue)
+    if not command:
         print(f"hpctorch: --requeue: {plan.scheduler} has no requeue command; not requeued", file=sys.stderr)
         return
     try:

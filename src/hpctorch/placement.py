@@ -12,7 +12,6 @@ node of each worker's first GPU when known.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import affinity
@@ -149,6 +148,3 @@ def sets_env(placement: Placement, omp_from_user: bool) -> dict[str, str]:
         env["HPCTORCH_THREAD_COUNTS"] = ",".join(map(str, placement.threads))
     return env
 
-
-def describe(sets: Sequence[tuple[int, ...]]) -> str:
-    return "; ".join(affinity.format_cpulist(s) or "-" for s in sets)

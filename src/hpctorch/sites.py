@@ -26,39 +26,36 @@ class Profile:
     master_suffix: str = ""
     """Appended to node 0's host name to get its fabric address (JSC: ``jwb0001i``)."""
     env: Mapping[str, str] = field(default_factory=dict)
-    gpu_vendor: str | None = None
     docs: str = ""
 
 
 BUILT_IN: tuple[Profile, ...] = (
     # NERSC Perlmutter: HPE Slingshot 11 (hsn0-hsn3), 4 NVIDIA A100 per GPU node.
     # https://docs.nersc.gov/systems/perlmutter/architecture/
-    Profile("perlmutter", clusters=("perlmutter",), iface="hsn0", gpu_vendor="nvidia",
+    Profile("perlmutter", clusters=("perlmutter",), iface="hsn0",
             docs="https://docs.nersc.gov/systems/perlmutter/architecture/"),
     # OLCF Frontier: Slingshot (hsn0-hsn3), 4 AMD MI250X (8 GCDs) per node; RCCL over hsn.
     # https://docs.olcf.ornl.gov/systems/frontier_user_guide.html
-    Profile("frontier", clusters=("frontier",), hostnames=("frontier*",), iface="hsn0", gpu_vendor="amd",
+    Profile("frontier", clusters=("frontier",), hostnames=("frontier*",), iface="hsn0",
             docs="https://docs.olcf.ornl.gov/systems/frontier_user_guide.html"),
     # CSC LUMI-G: Slingshot (hsn0-hsn3), 4 AMD MI250X per node; RCCL on every hsn interface.
     # https://github.com/Lumi-supercomputer/LUMI-AI-Guide (multi-node training section)
-    Profile("lumi", clusters=("lumi",), iface="hsn0", gpu_vendor="amd",
+    Profile("lumi", clusters=("lumi",), iface="hsn0",
             env={"NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3"},
             docs="https://github.com/Lumi-supercomputer/LUMI-AI-Guide"),
     # ALCF Polaris (PBS, hosts x3xxxcXsXbXnX): Slingshot, 4 NVIDIA A100 per node.
     # https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/
-    Profile("polaris", clusters=("polaris",), hostnames=("x3*c*s*b*n*",), iface="hsn0", gpu_vendor="nvidia",
+    Profile("polaris", clusters=("polaris",), hostnames=("x3*c*s*b*n*",), iface="hsn0",
             env={"NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "1"},
             docs="https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/"),
     # ALCF Aurora (PBS, hosts x4xxxcXsXbXnX): Slingshot, 6 Intel Data Center GPU Max per node.
     # https://docs.alcf.anl.gov/aurora/data-science/frameworks/pytorch/
-    Profile("aurora", clusters=("aurora",), hostnames=("x4*c*s*b*n*",), iface="hsn0", gpu_vendor="intel",
+    Profile("aurora", clusters=("aurora",), hostnames=("x4*c*s*b*n*",), iface="hsn0",
             docs="https://docs.alcf.anl.gov/aurora/data-science/frameworks/pytorch/"),
     # JSC JUWELS Booster / JURECA-DC: InfiniBand; a node's name plus "i" resolves to its IB address.
     # https://apps.fz-juelich.de/jsc/hps/juwels/booster-overview.html
-    Profile("juwels-booster", clusters=("juwelsbooster", "juwels"), hostnames=("jwb*",), iface="ib*", master_suffix="i",
-            gpu_vendor="nvidia", docs="https://apps.fz-juelich.de/jsc/hps/juwels/booster-overview.html"),
-    Profile("jureca-dc", clusters=("jurecadc", "jureca"), hostnames=("jrc*",), iface="ib*", master_suffix="i",
-            gpu_vendor="nvidia", docs="https://apps.fz-juelich.de/jsc/hps/jureca/"),
+    Profile("juwels-booster", clusters=("juwelsbooster", "juwels"), hostnames=("jwb*",), iface="ib*", master_suffix="i", docs="https://apps.fz-juelich.de/jsc/hps/juwels/booster-overview.html"),
+    Profile("jureca-dc", clusters=("jurecadc", "jureca"), hostnames=("jrc*",), iface="ib*", master_suffix="i", docs="https://apps.fz-juelich.de/jsc/hps/jureca/"),
 )
 
 
@@ -87,7 +84,6 @@ def _profile_from(entry: Mapping[str, object], origin: str) -> Profile:
             iface=entry.get("iface"),  # type: ignore[arg-type]
             master_suffix=str(entry.get("master_suffix", "")),
             env={str(k): str(v) for k, v in dict(entry.get("env", {})).items()},  # type: ignore[call-overload]
-            gpu_vendor=entry.get("gpu_vendor"),  # type: ignore[arg-type]
             docs=f"from {origin}",
         )
     except (KeyError, TypeError, ValueError) as exc:

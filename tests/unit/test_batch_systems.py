@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from hpctorch.allocation import Launched
+
 from hpctorch.errors import HpctorchError
-from hpctorch.plan import Options, make_plan
+from hpctorch import Options, make_plan
 from hpctorch.schedulers import detect
 
 from .helpers import facts
@@ -23,7 +25,7 @@ def slot_file(tmp_path: Path, name: str, lines: list[str]) -> str:
 def test_pbs_under_pbsdsh_one_per_node(tmp_path: Path) -> None:
     nodefile = slot_file(tmp_path, "nodefile", ["n01"] * 4 + ["n02"] * 4)
     a = detect({"PBS_JOBID": "4242.pbs01", "PBS_NODEFILE": nodefile, "PBS_NODENUM": "1", "PBS_O_WORKDIR": "/home/u/run"})
-    assert (a.scheduler, a.nodes, a.tasks_per_node, a.node_index, a.slots_per_node, a.submit_dir) == (
+    assert (a.scheduler, a.nodes, a.tasks_per_node, a.node_rank, a.slots_per_node, a.submit_dir) == (
         "pbs", ("n01", "n02"), (1, 1), 1, (4, 4), "/home/u/run")
     plan = make_plan(a, Options(command=("x",)), facts(resolved={"n01": ("198.18.0.1",)}))
     assert (plan.mode, plan.world_size, [w.rank for w in plan.workers]) == ("per-node", 8, [4, 5, 6, 7])
@@ -44,7 +46,7 @@ def test_lsf_under_jsrun(tmp_path: Path) -> None:
     env = {"LSB_JOBID": "777", "LSB_DJOB_RANKFILE": rankfile, "LS_SUBCWD": "/gpfs/u",
            "JSM_NAMESPACE_RANK": "7", "JSM_NAMESPACE_SIZE": "12", "JSM_NAMESPACE_LOCAL_RANK": "1", "JSM_NAMESPACE_LOCAL_SIZE": "6"}
     a = detect(env)
-    assert (a.scheduler, a.nodes, a.tasks_per_node, a.task_rank, a.node_index, a.local_task_rank, a.launched_ranks) == (
+    assert (a.scheduler, a.nodes, a.tasks_per_node, a.task_rank, a.node_rank, a.local_task_rank, a.launched is Launched.RANKS) == (
         "lsf", ("h41n01", "h41n02"), (6, 6), 7, 1, 1, True)
 
 
@@ -58,7 +60,7 @@ def test_lsf_single_node_from_mcpu_hosts() -> None:
 def test_flux_run_needs_the_allgather() -> None:
     env = {"FLUX_JOB_ID": "ƒ2Wb7u5TKP", "FLUX_TASK_RANK": "5", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_SIZE": "8", "FLUX_JOB_NNODES": "2", "PMI_RANK": "5", "PMI_SIZE": "8"}
     a = detect(env)
-    assert (a.scheduler, a.task_rank, a.local_task_rank, a.tasks_per_node, a.needs_bootstrap) == ("flux", 5, 1, (4, 4), True)
+    assert (a.scheduler, a.task_rank, a.local_task_rank, a.tasks_per_node, a.launched is Launched.UNNAMED) == ("flux", 5, 1, (4, 4), True)
     assert detect({**env, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}).scheduler == "openmpi"
 
 
@@ -76,8 +78,8 @@ def test_sge_single_host_and_several(tmp_path: Path) -> None:
 def test_kubeflow_pytorchjob_rank_is_the_pod() -> None:
     env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2"}
     a = detect(env)
-    assert (a.scheduler, a.tasks_per_node, a.node_index, a.master_addr, a.master_port) == ("kubeflow", (1, 1, 1), 2, "job-master-0", 23456)
+    assert (a.scheduler, a.tasks_per_node, a.node_rank, a.master_addr, a.master_port) == ("kubeflow", (1, 1, 1), 2, "job-master-0", 23456)
     plan = make_plan(a, Options(nproc_per_node=4, command=("x",)), facts())
     assert (plan.mode, plan.world_size, plan.node_rank, [w.rank for w in plan.workers]) == ("per-node", 12, 2, [8, 9, 10, 11])
     pet = detect({"KUBERNETES_SERVICE_HOST": "x", "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "m", "PET_MASTER_PORT": "1"})
-    assert (pet.tasks_per_node, pet.node_index, pet.sources["node_index"]) == ((1, 1), 1, "PET_NODE_RANK")
+    assert (pet.tasks_per_node, pet.node_rank, pet.sources["node_rank"]) == ((1, 1), 1, "PET_NODE_RANK")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpctorch.errors import HpctorchError
-from hpctorch.plan import Options, make_plan
+from hpctorch import Options, make_plan
 from hpctorch.schedulers import hostfile
 
 from .helpers import facts
@@ -26,11 +26,11 @@ def test_every_format_parses_in_order() -> None:
 def test_own_index_by_name_short_name_or_address() -> None:
     entries = hostfile.parse("node1 slots=2\nnode2 slots=1\n198.18.0.3 slots=1\n", "hosts")
     by_name = hostfile.allocation(entries, "hosts", "node2.cluster.example", ["10.0.0.2"], {})
-    assert (by_name.node_index, by_name.nodes, by_name.slots_per_node) == (1, ("node1", "node2", "198.18.0.3"), (2, 1, 1))
+    assert (by_name.node_rank, by_name.nodes, by_name.slots_per_node) == (1, ("node1", "node2", "198.18.0.3"), (2, 1, 1))
     by_address = hostfile.allocation(entries, "hosts", "other", ["198.18.0.3"], {})
-    assert by_address.node_index == 2
+    assert by_address.node_rank == 2
     by_resolution = hostfile.allocation(entries, "hosts", "x", ["198.18.0.1"], {"node1": ("198.18.0.1",)})
-    assert by_resolution.node_index == 0
+    assert by_resolution.node_rank == 0
 
 
 def test_slots_give_heterogeneous_ranks_and_every_node_the_same_port() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hpctorch.allocation import Launched
+
 from hpctorch.bootstrap import from_records
 from hpctorch.errors import HpctorchError
 from hpctorch.schedulers import detect
@@ -12,7 +14,7 @@ from .fixtures import load_env
 
 
 @pytest.mark.parametrize(
-    "fixture, scheduler, rank, local, tasks, node_index, job_id",
+    "fixture, scheduler, rank, local, tasks, node_rank, job_id",
     [
         ("mpi/openmpi_2x2_rank3.env", "openmpi", 3, 1, (2, 2), None, "1633746945"),
         ("mpi/mpich_hydra_2x2_rank2.env", "mpich", 2, 0, (2, 2), None, None),
@@ -20,25 +22,24 @@ from .fixtures import load_env
         ("mpi/cray_pals_2x4_rank5.env", "cray-pals", 5, 1, (4, 4), 1, "6f2e1c7a-4d55-4b5c-9a39-2c1d1b0e7f11"),
     ],
 )
-def test_each_mpi_flavour(fixture: str, scheduler: str, rank: int, local: int, tasks: tuple[int, ...], node_index: int | None, job_id: str | None) -> None:
+def test_each_mpi_flavour(fixture: str, scheduler: str, rank: int, local: int, tasks: tuple[int, ...], node_rank: int | None, job_id: str | None) -> None:
     a = detect(load_env(fixture))
-    assert (a.scheduler, a.task_rank, a.local_task_rank, a.tasks_per_node, a.node_index, a.job_id) == (scheduler, rank, local, tasks, node_index, job_id)
-    assert a.needs_bootstrap and a.nodes == ()
-    assert a.launched_ranks == (max(tasks) > 1)
+    assert (a.scheduler, a.task_rank, a.local_task_rank, a.tasks_per_node, a.node_rank, a.job_id) == (scheduler, rank, local, tasks, node_rank, job_id)
+    assert a.launched is Launched.UNNAMED and a.nodes == ()
 
 
-def test_openmpi_node_rank_variable_is_not_the_node_index() -> None:
+def test_openmpi_node_rank_variable_is_not_the_node_rank() -> None:
     env = load_env("mpi/openmpi_2x2_rank3.env")
     assert env["OMPI_COMM_WORLD_NODE_RANK"] == "1"  # happens to equal the local rank
-    assert detect(env).node_index is None  # the allgather decides
+    assert detect(env).node_rank is None  # the allgather decides
 
 
 def test_allgather_numbers_nodes_by_host_in_rank_order() -> None:
     base = detect(load_env("mpi/openmpi_2x2_rank3.env"))
     records = [["node1", "198.18.0.1"], ["node1", "198.18.0.1"], ["node2", "198.18.0.2"], ["node2", "198.18.0.2"]]
     a = from_records(base, 3, records, 41000)
-    assert (a.nodes, a.tasks_per_node, a.node_index, a.local_task_rank) == (("node1", "node2"), (2, 2), 1, 1)
-    assert (a.master_addr, a.master_port, a.needs_bootstrap) == ("198.18.0.1", 41000, False)
+    assert (a.nodes, a.tasks_per_node, a.node_rank, a.local_task_rank) == (("node1", "node2"), (2, 2), 1, 1)
+    assert (a.master_addr, a.master_port, a.launched) == ("198.18.0.1", 41000, Launched.RANKS)
     assert "allgather" in a.sources["master_addr"]
 
 
@@ -52,7 +53,7 @@ def test_heterogeneous_placement_is_counted_per_node() -> None:
     base = detect(load_env("mpi/mpich_hydra_2x2_rank2.env"))
     records = [["a", "x"], ["a", "x"], ["a", "x"], ["b", "y"]]
     a = from_records(base, 3, records, 1)
-    assert (a.tasks_per_node, a.node_index, a.local_task_rank) == ((3, 1), 1, 0)
+    assert (a.tasks_per_node, a.node_rank, a.local_task_rank) == ((3, 1), 1, 0)
 
 
 def test_cyclic_mapping_is_refused() -> None:

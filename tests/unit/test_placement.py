@@ -8,7 +8,7 @@ import pytest
 
 from hpctorch import affinity, devices
 from hpctorch.errors import HpctorchError
-from hpctorch.plan import Options, make_plan
+from hpctorch import Options, make_plan
 from hpctorch.schedulers import detect
 
 from .helpers import facts
@@ -42,7 +42,7 @@ def node_facts(root: Path, env: dict[str, str] | None = None, allowed: range = r
     env = env or {}
     found = devices.gpus(env, str(root))
     topology = affinity.read_topology(str(root), allowed=list(allowed))
-    return facts(env=env, gpus=found.ids, gpu_numa=found.numa, gpu_vendor=found.vendor, gpu_source=found.source,
+    return facts(env=env, gpus=found.ids, gpu_numa=found.numa, gpu_source=found.source,
                  topology=topology, cpus=len(topology.allowed), resolved={"n1": ("198.18.0.1",)})
 
 
@@ -52,7 +52,7 @@ def test_four_gpus_on_two_numa_nodes_one_worker_each(tmp_path: Path) -> None:
     # GPUs 0,1 on NUMA 0 (CPUs 0-7), GPUs 2,3 on NUMA 1 (CPUs 8-15); whole cores (pairs) stay together.
     assert [w.env["HPCTORCH_CPUS"] for w in plan.workers] == ["0-3", "4-7", "8-11", "12-15"]
     assert [w.env["OMP_NUM_THREADS"] for w in plan.workers] == ["4", "4", "4", "4"]
-    assert plan.launcher_env["HPCTORCH_CPU_SETS"] == "0-3;4-7;8-11;12-15"
+    assert plan.common_env["HPCTORCH_CPU_SETS"] == "0-3;4-7;8-11;12-15"
 
 
 def test_gpu_numa_decides_the_cpus_even_when_gpus_are_interleaved(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ import pytest
 
 from hpctorch.allocation import Allocation
 from hpctorch.errors import HpctorchError
-from hpctorch.plan import Options, Plan, make_plan
-from hpctorch.schedulers import detect
+from hpctorch import Options, Plan, make_plan
+from hpctorch.schedulers import detect, slurm
+from hpctorch.schedulers import local as local_launcher
 
 from .helpers import facts
 
@@ -17,7 +18,7 @@ PY = ("python", "-u", "train.py")
 
 
 def local(host: str = "node2") -> Allocation:
-    return Allocation(scheduler="local", nodes=(host,), tasks_per_node=(1,), task_rank=0, node_index=0, local_task_rank=0)
+    return Allocation(launcher=local_launcher.LAUNCHER, nodes=(host,), tasks_per_node=(1,), task_rank=0, node_rank=0, local_task_rank=0)
 
 
 def test_single_node_default_is_one_worker_on_loopback_with_os_chosen_port() -> None:
@@ -26,7 +27,7 @@ def test_single_node_default_is_one_worker_on_loopback_with_os_chosen_port() -> 
     assert (plan.nnodes, plan.node_rank, plan.nproc_per_node, plan.world_size) == (1, 0, (1,), 1)
     assert (plan.master_addr, plan.master_port, plan.rdzv_backend) == ("127.0.0.1", 0, "c10d")
     assert plan.iface == "lo"
-    assert plan.launcher_env == {
+    assert plan.common_env == {
         "GLOO_SOCKET_IFNAME": "lo",
         "NCCL_SOCKET_IFNAME": "=lo",
         "HPCTORCH_IFACE": "lo",
@@ -35,16 +36,19 @@ def test_single_node_default_is_one_worker_on_loopback_with_os_chosen_port() -> 
         "HPCTORCH_NODELIST": "node2",
     }
     (worker,) = plan.workers
-    assert worker.env["RANK"] == "0" and worker.env["WORLD_SIZE"] == "1"
-    assert "MASTER_PORT" not in worker.env  # the agent binds it, then tells the workers
+    assert (worker.rank, worker.local_rank) == (0, 0)
+    # Per node, torch's agent sets the torch variables; the plan claims only what hpctorch sets.
+    assert "RANK" not in worker.env and "MASTER_PORT" not in worker.env
+    assert "torch's elastic agent sets each worker's RANK" in plan.table()
     assert plan.command == PY
 
 
 def test_one_worker_per_visible_gpu_by_default() -> None:
     plan = make_plan(local(), Options(command=PY), facts(gpus=("0", "1", "2", "3")))
     assert plan.nproc_per_node == (4,)
-    assert [w.env["LOCAL_RANK"] for w in plan.workers] == ["0", "1", "2", "3"]
-    assert plan.launcher_env["OMP_NUM_THREADS"] == "2"
+    assert [w.local_rank for w in plan.workers] == [0, 1, 2, 3]
+    assert [w.env["HPCTORCH_DEVICES"] for w in plan.workers] == ["0", "1", "2", "3"]
+    assert plan.common_env["OMP_NUM_THREADS"] == "2"
     assert "visible GPU" in plan.reasons["nproc_per_node"]
 
 
@@ -55,13 +59,9 @@ def test_explicit_multi_node_flags_like_torchrun() -> None:
     assert (plan.master_addr, plan.master_port, plan.rdzv_backend) == ("198.18.0.1", 29400, "static")
     assert plan.iface == "hsn0"  # a fast fabric beats the default-route management net
     assert [w.rank for w in plan.workers] == [2, 3]
+    assert [w.local_rank for w in plan.workers] == [0, 1]
     env = plan.workers[1].env
-    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")} == {
-        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
-        "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4", "MASTER_ADDR": "198.18.0.1", "MASTER_PORT": "29400",
-    }
     assert env["GLOO_SOCKET_IFNAME"] == "hsn0" and env["NCCL_SOCKET_IFNAME"] == "=hsn0"
-    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
 
 
 def test_master_node_advertises_its_fabric_address() -> None:
@@ -96,7 +96,7 @@ def test_worker_node_without_master_address_is_refused() -> None:
 def test_per_task_from_torch_variables_sets_only_what_is_missing() -> None:
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "198.18.0.1", "MASTER_PORT": "1234"}
     allocation = detect(env)
-    assert (allocation.scheduler, allocation.task_rank, allocation.node_index, allocation.tasks_per_node) == ("env", 3, 1, (2, 2))
+    assert (allocation.scheduler, allocation.task_rank, allocation.node_rank, allocation.tasks_per_node) == ("env", 3, 1, (2, 2))
     plan = make_plan(allocation, Options(command=PY), facts(env=env))
     assert (plan.mode, plan.node_rank, plan.world_size, plan.master_addr, plan.master_port) == ("per-task", 1, 4, "198.18.0.1", 1234)
     (worker,) = plan.workers
@@ -109,7 +109,7 @@ def test_per_task_from_torch_variables_sets_only_what_is_missing() -> None:
 def test_under_torchrun_nothing_changes() -> None:
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "abc"}
     plan = make_plan(detect(env), Options(command=PY), facts(env=env))
-    assert (plan.scheduler, plan.mode, plan.iface, dict(plan.launcher_env)) == ("torchrun", "per-task", None, {})
+    assert (plan.scheduler, plan.mode, plan.iface, dict(plan.common_env)) == ("torchrun", "unchanged", None, {})
     assert dict(plan.workers[0].env) == {}
 
 
@@ -123,10 +123,10 @@ def test_nested_launch_is_refused_with_the_arithmetic() -> None:
 def test_user_interface_variables_are_kept_unless_iface_is_given() -> None:
     user = {"NCCL_SOCKET_IFNAME": "ib0", "OMP_NUM_THREADS": "3"}
     plan = make_plan(local(), Options(nnodes=2, node_rank=0, master_port=1, command=PY), facts(env=user))
-    assert "NCCL_SOCKET_IFNAME" not in plan.launcher_env and "OMP_NUM_THREADS" not in plan.launcher_env
-    assert plan.launcher_env["GLOO_SOCKET_IFNAME"] == "hsn0"
+    assert "NCCL_SOCKET_IFNAME" not in plan.common_env and "OMP_NUM_THREADS" not in plan.common_env
+    assert plan.common_env["GLOO_SOCKET_IFNAME"] == "hsn0"
     forced = make_plan(local(), Options(nnodes=2, node_rank=0, master_port=1, iface="hsn0", command=PY), facts(env=user))
-    assert forced.launcher_env["NCCL_SOCKET_IFNAME"] == "=hsn0"
+    assert forced.common_env["NCCL_SOCKET_IFNAME"] == "=hsn0"
 
 
 def test_simulated_nodes_are_real_node_plans_on_loopback() -> None:
@@ -137,7 +137,7 @@ def test_simulated_nodes_are_real_node_plans_on_loopback() -> None:
     for node_plan in plan.node_plans:
         assert (node_plan.master_addr, node_plan.master_port, node_plan.iface) == ("127.0.0.1", 45678, "lo")
         assert node_plan.rdzv_backend == "static" and node_plan.run_id == plan.run_id
-        assert node_plan.launcher_env["OMP_NUM_THREADS"] == "2"  # 8 CPUs / 2 nodes / 2 workers
+        assert node_plan.common_env["OMP_NUM_THREADS"] == "2"  # 8 CPUs / 2 nodes / 2 workers
 
 
 def test_simulation_inside_a_multi_node_job_is_refused() -> None:
@@ -147,7 +147,7 @@ def test_simulation_inside_a_multi_node_job_is_refused() -> None:
 
 
 def test_master_hostname_on_the_wrong_network_is_caught() -> None:
-    allocation = Allocation(scheduler="slurm", nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="7", node_index=1)
+    allocation = Allocation(launcher=slurm.LAUNCHER, nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="7", node_rank=1)
     trap = facts(resolved={"node1": ("198.19.0.1",)})  # management address
     with pytest.raises(HpctorchError) as error:
         make_plan(allocation, Options(command=PY), trap)
@@ -176,3 +176,18 @@ def test_nodes_started_by_hand_agree_on_the_run_id() -> None:
         for rank in (0, 1)
     }
     assert ids == {"local-29400"}
+
+
+def test_standalone_is_this_machine_alone_as_with_torchrun() -> None:
+    from hpctorch.discover import plan_here
+
+    batch = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2"}
+    assert plan_here(Options(command=PY), batch, exchange=False).mode == "relaunch"
+    plan = plan_here(Options(standalone=True, command=PY), batch, exchange=False)
+    assert (plan.scheduler, plan.mode, plan.nnodes, plan.master_addr, plan.master_port) == ("local", "per-node", 1, "127.0.0.1", 0)
+
+
+def test_an_allocation_whose_nodes_are_unnamed_is_not_planned_before_the_allgather() -> None:
+    allocation = detect({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})
+    with pytest.raises(HpctorchError, match="allgather must run first"):
+        make_plan(allocation, Options(command=PY), facts())

@@ -9,21 +9,24 @@ from pathlib import Path
 
 import pytest
 
+from dataclasses import replace
+
 from hpctorch.allocation import Allocation
 from hpctorch.errors import HpctorchError
-from hpctorch.plan import Options, make_plan
-from hpctorch.rendezvous import exchange_master
+from hpctorch import Options, make_plan
+from hpctorch.rendezvous import read_master, write_master
+from hpctorch.schedulers import slurm
 
 from .helpers import LO, MGMT, facts, iface
 
 TRAP = {"node1": ("198.19.0.1",)}  # node1's name resolves to the management net
 
 
-def plans(tmp_path: Path, timeout: int = 10):  # type: ignore[no-untyped-def]
+def plans(tmp_path: Path, timeout: int = 10, master_addr: str | None = None):  # type: ignore[no-untyped-def]
     def at(node: int):  # type: ignore[no-untyped-def]
         allocation = Allocation(
-            scheduler="slurm", nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="42", step_id="0",
-            node_index=node, submit_dir=str(tmp_path),
+            launcher=slurm.LAUNCHER, master_addr=master_addr, nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="42", step_id="0",
+            node_rank=node, submit_dir=str(tmp_path),
         )
         host = facts(interfaces=(LO, MGMT, iface("hsn0", f"198.18.0.{node + 1}/24")), resolved=TRAP)
         return make_plan(allocation, Options(nproc_per_node=1, rdzv_timeout=timeout, command=("x",)), host)
@@ -35,16 +38,19 @@ def test_node0_writes_and_node1_reads_the_fabric_address(tmp_path: Path, monkeyp
     monkeypatch.setattr("hpctorch.rendezvous.socket.gethostname", lambda: "node1")  # the writer is node 0
     master, other = plans(tmp_path)
     assert master.master_exchange == other.master_exchange == str(tmp_path / ".hpctorch" / "slurm-42.0.master.json")
-    assert (master.master_addr, other.master_addr) == ("198.18.0.1", "")
-    reader = threading.Thread(target=lambda: results.append(exchange_master(other)))
+    assert (master.master_addr, other.master_addr) == ("198.18.0.1", None)
+    assert "(read at start from" in other.table()
+    reader = threading.Thread(target=lambda: results.append(read_master(other)))
     results: list = []
     reader.start()
     time.sleep(0.3)  # the reader is already waiting when the writer comes
-    assert exchange_master(master) is master
+    write_master(master)
     reader.join(10)
-    (resolved,) = results
-    assert resolved.master_addr == "198.18.0.1"
-    assert {w.env["MASTER_ADDR"] for w in resolved.workers} == {"198.18.0.1"}
+    assert results == ["198.18.0.1"]
+    # discover then plans again with the address as the allocation's: a final plan.
+    _, final = plans(tmp_path, master_addr=results[0])
+    assert (final.master_addr, final.master_exchange) == ("198.18.0.1", None)
+    assert final.workers[0].env["HPCTORCH_IFACE"] == "hsn0"
 
 
 def test_a_stale_file_from_another_run_is_ignored_and_the_wait_times_out(tmp_path: Path) -> None:
@@ -54,12 +60,12 @@ def test_a_stale_file_from_another_run_is_ignored_and_the_wait_times_out(tmp_pat
     path.write_text(json.dumps({"run_id": "slurm-41.0", "addr": "198.18.0.9"}))
     started = time.monotonic()
     with pytest.raises(HpctorchError, match="waited 1 s for node1"):
-        exchange_master(other)
+        read_master(other)
     assert time.monotonic() - started < 5
 
 
 def test_no_exchange_when_the_name_resolves_onto_the_fabric(tmp_path: Path) -> None:
-    allocation = Allocation(scheduler="slurm", nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="42", node_index=1, submit_dir=str(tmp_path))
+    allocation = Allocation(launcher=slurm.LAUNCHER, nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="42", node_rank=1, submit_dir=str(tmp_path))
     plan = make_plan(allocation, Options(command=("x",)), facts(resolved={"node1": ("198.18.0.1",)}))
     assert plan.master_exchange is None and plan.master_addr == "198.18.0.1"
 
@@ -71,6 +77,6 @@ def test_a_file_from_a_previous_run_on_another_master_host_is_ignored(tmp_path: 
     # Same run id (a requeued job), but written by node7, which no longer holds rank 0.
     path.write_text(json.dumps({"run_id": other.run_id, "addr": "198.18.0.7", "host": "node7"}))
     with pytest.raises(HpctorchError, match="waited 1 s for node1"):
-        exchange_master(other)
+        read_master(other)
     path.write_text(json.dumps({"run_id": other.run_id, "addr": "198.18.0.1", "host": "node1.cluster.example"}))
-    assert exchange_master(other).master_addr == "198.18.0.1"
+    assert read_master(other) == "198.18.0.1"

@@ -8,7 +8,7 @@ import pytest
 
 from hpctorch import config
 from hpctorch.errors import HpctorchError
-from hpctorch.plan import Options, make_plan
+from hpctorch import Options, make_plan
 from hpctorch.schedulers import detect
 
 from .helpers import LO, MGMT, facts, iface
@@ -32,7 +32,7 @@ def plan_for(env: dict[str, str], files: dict | None = None, options: Options | 
 def test_cluster_name_selects_the_profile_and_its_environment() -> None:
     plan = plan_for({"SLURM_CLUSTER_NAME": "polaris"})
     assert plan.iface == "hsn0"
-    assert plan.launcher_env["NCCL_NET_GDR_LEVEL"] == "PHB" and plan.launcher_env["NCCL_CROSS_NIC"] == "1"
+    assert plan.common_env["NCCL_NET_GDR_LEVEL"] == "PHB" and plan.common_env["NCCL_CROSS_NIC"] == "1"
     assert plan.sources["profile"].startswith("polaris (SLURM_CLUSTER_NAME=polaris;")
     table = plan.table(explain=True)
     assert "  site        polaris" in table and "docs.alcf.anl.gov" in table
@@ -45,7 +45,7 @@ def test_host_name_pattern_selects_a_profile() -> None:
 
 def test_the_users_environment_wins_over_the_profile() -> None:
     plan = plan_for({"SLURM_CLUSTER_NAME": "polaris", "NCCL_CROSS_NIC": "0"})
-    assert "NCCL_CROSS_NIC" not in plan.launcher_env
+    assert "NCCL_CROSS_NIC" not in plan.common_env
     assert "kept NCCL_CROSS_NIC=0 from the environment" in plan.reasons["NCCL_CROSS_NIC"]
 
 
@@ -61,7 +61,7 @@ def test_precedence_flag_env_user_site_profile(tmp_path: Path) -> None:
     cluster = {"SLURM_CLUSTER_NAME": "polaris"}
     plan = plan_for(cluster, files)
     assert plan.iface == "ib0" and plan.sources["iface"].startswith("user file")
-    assert plan.launcher_env["NCCL_DEBUG"] == "INFO" and plan.launcher_env["FROM_SITE"] == "1"
+    assert plan.common_env["NCCL_DEBUG"] == "INFO" and plan.common_env["FROM_SITE"] == "1"
     assert plan.sources["cpu_bind"].startswith("site file") and plan.reasons["cpu_bind"].startswith("numa")
     assert plan_for({**cluster, "HPCTORCH_IFACE": "mgmt0"}, files).iface == "mgmt0"
     assert plan_for({**cluster, "HPCTORCH_IFACE": "mgmt0"}, files, Options(iface="hsn0", command=("x",))).iface == "hsn0"
@@ -73,7 +73,7 @@ def test_precedence_flag_env_user_site_profile(tmp_path: Path) -> None:
 def test_a_user_site_entry_and_a_forced_profile(tmp_path: Path) -> None:
     user = _write(tmp_path / "user.toml", 'profile = "lab"\n[[sites]]\nname = "lab"\nclusters = ["lab"]\niface = "ib*"\nenv = { NCCL_IB_HCA = "mlx5" }\n')
     plan = plan_for({}, config.load({"HPCTORCH_CONFIG": user}, system_path=str(tmp_path / "none")))
-    assert plan.iface == "ib0" and plan.launcher_env["NCCL_IB_HCA"] == "mlx5"
+    assert plan.iface == "ib0" and plan.common_env["NCCL_IB_HCA"] == "mlx5"
     with pytest.raises(HpctorchError, match="no site profile is named 'nope'"):
         plan_for({"HPCTORCH_PROFILE": "nope"})
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from hpctorch.allocation import Launched
+
 from hpctorch.errors import HpctorchError
-from hpctorch.plan import Options, make_plan
+from hpctorch import Options, make_plan
 from hpctorch.schedulers import detect
 from hpctorch.schedulers.slurm import parse_tasks_per_node
 
@@ -25,7 +27,7 @@ def test_per_task_step_two_by_two() -> None:
     a = detect(load_env("slurm/srun_2x2_rank3.env"))
     assert (a.scheduler, a.job_id, a.step_id) == ("slurm", "2", "0")
     assert (a.nodes, a.tasks_per_node) == (("node1", "node2"), (2, 2))
-    assert (a.task_rank, a.node_index, a.local_task_rank, a.launched_ranks) == (3, 1, 1, True)
+    assert (a.task_rank, a.node_rank, a.local_task_rank, a.launched) == (3, 1, 1, Launched.RANKS)
     assert a.sources["tasks_per_node"] == "SLURM_STEP_TASKS_PER_NODE" and a.sources["nodes"] == "SLURM_STEP_NODELIST"
     plan = make_plan(a, Options(command=PY), facts(resolved=ON_FABRIC))
     assert (plan.mode, plan.world_size, plan.node_rank, plan.master_addr, plan.iface) == ("per-task", 4, 1, "198.18.0.1", "hsn0")
@@ -36,7 +38,7 @@ def test_per_task_step_two_by_two() -> None:
 
 def test_one_task_per_node_step_is_per_node_mode() -> None:
     a = detect(load_env("slurm/srun_2x1_rank1.env"))
-    assert (a.tasks_per_node, a.node_index, a.launched_ranks) == ((1, 1), 1, False)
+    assert (a.tasks_per_node, a.node_rank, a.launched) == ((1, 1), 1, Launched.NODES)
     plan = make_plan(a, Options(nproc_per_node=2, command=PY), facts(resolved=ON_FABRIC))
     assert (plan.mode, plan.nnodes, plan.node_rank, plan.world_size) == ("per-node", 2, 1, 4)
     assert [w.rank for w in plan.workers] == [2, 3]
@@ -45,7 +47,7 @@ def test_one_task_per_node_step_is_per_node_mode() -> None:
 
 def test_heterogeneous_step_gives_every_task_its_global_rank() -> None:
     a = detect(load_env("slurm/srun_2n3_rank2.env"))
-    assert (a.tasks_per_node, a.task_rank, a.node_index, a.local_task_rank) == ((2, 1), 2, 1, 0)
+    assert (a.tasks_per_node, a.task_rank, a.node_rank, a.local_task_rank) == ((2, 1), 2, 1, 0)
     plan = make_plan(a, Options(command=PY), facts(resolved=ON_FABRIC))
     # node2 has one task, but node1 has two: the whole step must be per-task.
     assert plan.mode == "per-task" and plan.world_size == 3
@@ -54,19 +56,20 @@ def test_heterogeneous_step_gives_every_task_its_global_rank() -> None:
 
 def test_batch_script_relaunches_itself_under_srun() -> None:
     a = detect(load_env("slurm/sbatch_batch_script.env"))
-    assert a.step_launcher == ("srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1")
+    assert a.launched is Launched.BATCH
+    assert a.relaunch_command() == ("srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1")
     plan = make_plan(a, Options(command=PY), facts())
-    assert plan.mode == "launch-step" and plan.workers == ()
+    assert plan.mode == "relaunch" and plan.workers == () and plan.master_addr is None
 
 
 def test_salloc_shell_is_not_a_step() -> None:
     a = detect(load_env("slurm/salloc_shell.env"))
-    assert a.step_launcher and a.nodes == ("node1", "node2")
+    assert a.launched is Launched.BATCH and a.nodes == ("node1", "node2")
 
 
 def test_interactive_one_node_step_is_not_mistaken_for_the_job() -> None:
     a = detect(load_env("slurm/salloc_srun_one_node.env"))
-    assert (a.nodes, a.tasks_per_node, a.step_launcher) == (("node1",), (1,), ())
+    assert (a.nodes, a.tasks_per_node, a.launched) == (("node1",), (1,), Launched.NODES)
     plan = make_plan(a, Options(nproc_per_node=2, command=PY), facts())
     assert (plan.mode, plan.nnodes, plan.world_size) == ("per-node", 1, 2)
 

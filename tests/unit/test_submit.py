@@ -78,7 +78,11 @@ def test_signals_and_unsupported_combinations() -> None:
 
 
 def test_cli_knows_every_scheduler_submit_knows() -> None:
-    from hpctorch.cli import SCHEDULERS
+    from hpctorch.cli import _parser
     from hpctorch.submit import SUBMIT_COMMANDS
 
-    assert SCHEDULERS == tuple(sorted(SUBMIT_COMMANDS))
+    for name in SUBMIT_COMMANDS:
+        args = _parser("submit").parse_args(["submit", "--nodes", "1", "--time", "1", "--scheduler", name, "t.py"])
+        assert args.scheduler == name
+    with pytest.raises(HpctorchError, match="invalid choice"):
+        _parser("submit").parse_args(["submit", "--nodes", "1", "--time", "1", "--scheduler", "nosuch", "t.py"])

@@ -1,39 +1,43 @@
-"""Scheduler detection: an ordered registry, first match wins.
+"""Launcher detection: an ordered registry of modules, first match wins.
 
-Each module reads an environment mapping and returns an ``Allocation`` or None,
-with no side effects. The order encodes precedence (shared/DESIGN.md): a
-launcher that set torch's variables wins over everything, an MPI launched
-inside a batch job wins over the job's own variables, ``local`` always matches.
+Each module reads an environment mapping and returns an ``Allocation`` (or None), with
+no side effects, and describes its launcher's behaviours in a ``Launcher``. The order
+encodes precedence (shared/DESIGN.md): a launcher that set torch's variables wins over
+everything, an MPI launched inside a batch job wins over the job's own variables,
+``local`` always matches. ``hostfile`` is not here: it reads a file the user names.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from ..allocation import Allocation
 from . import flux, k8s, local, lsf, mpi, pbs, sge, slurm, torchelastic
 
-Detector = Callable[[Mapping[str, str]], "Allocation | None"]
-
-DETECTORS: tuple[tuple[str, Detector], ...] = (
-    ("k8s", k8s.detect),  # before torchelastic: there RANK is the pod's (node's) index
-    ("torchelastic", torchelastic.detect),
-    ("flux", flux.detect),  # before mpi: flux run also sets PMI_RANK
-    ("mpi", mpi.detect),  # mpirun inside any batch job wins over the job's variables
-    ("slurm", slurm.detect),
-    ("lsf", lsf.detect),
-    ("pbs", pbs.detect),
-    ("sge", sge.detect),
-    ("local", local.detect),
+DETECTORS = (
+    k8s,  # before torchelastic: there RANK is the pod's (node's) index
+    torchelastic,
+    flux,  # before mpi: flux run also sets PMI_RANK
+    mpi,  # mpirun inside any batch job wins over the job's variables
+    slurm,
+    lsf,
+    pbs,
+    sge,
+    local,
 )
 
 
 def detect(env: Mapping[str, str] | None = None) -> Allocation:
     """The allocation described by ``env`` (default: this process's environment)."""
     env = os.environ if env is None else env
-    for _, detector in DETECTORS:
-        allocation = detector(env)
+    for module in DETECTORS:
+        allocation = module.detect(env)
         if allocation is not None:
             return allocation
     raise AssertionError("the local detector always matches")
+
+
+def this_machine(env: Mapping[str, str]) -> Allocation:
+    """This machine alone, whatever launched it (torchrun's --standalone)."""
+    return local.detect(env)

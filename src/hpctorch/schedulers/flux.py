@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation
+from ..allocation import Allocation, Launched, Launcher
+
+LAUNCHER = Launcher("flux")
 from ..errors import HpctorchError
 from ._parse import check_rank, env_int
 
@@ -26,8 +28,8 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         raise HpctorchError(f"FLUX_JOB_SIZE={size} tasks do not spread evenly over FLUX_JOB_NNODES={nnodes}", "use flux run -N NODES --tasks-per-node=K")
     per_node = size // nnodes
     return Allocation(
-        scheduler="flux", tasks_per_node=(per_node,) * nnodes, job_id=job_id, task_rank=rank,
-        local_task_rank=env_int(env, "FLUX_TASK_LOCAL_ID"), launched_ranks=per_node > 1, needs_bootstrap=True,
+        launcher=LAUNCHER, tasks_per_node=(per_node,) * nnodes, launched=Launched.UNNAMED, job_id=job_id, task_rank=rank,
+        local_task_rank=env_int(env, "FLUX_TASK_LOCAL_ID"),
         sources={"job_id": "FLUX_JOB_ID", "task_rank": "FLUX_TASK_RANK", "local_task_rank": "FLUX_TASK_LOCAL_ID",
                  "tasks_per_node": "FLUX_JOB_SIZE, FLUX_JOB_NNODES"},
     )

@@ -12,7 +12,7 @@ import re
 import zlib
 from collections.abc import Iterable, Mapping
 
-from ..allocation import Allocation
+from ..allocation import Allocation, Launcher
 from ..errors import HpctorchError
 from ..network import derive_port
 
@@ -20,6 +20,8 @@ _LINE = re.compile(r"^(?P<host>[^\s:#=]+)(?::(?P<colon>\d+))?(?P<pairs>(?:\s+[\w
 _PAIR = re.compile(r"([\w-]+)\s*=\s*(\d+)")
 # OpenMPI's hostfile also allows max_slots; it does not change how many workers start.
 _KEYS = ("slots", "max_slots", "max-slots")
+
+LAUNCHER = Launcher("hostfile")
 
 
 def parse(text: str, origin: str) -> list[tuple[str, int | None]]:
@@ -73,13 +75,13 @@ def allocation(
     # Without a job id, every node derives the same port from the node list itself.
     port = derive_port(str(zlib.crc32(",".join(nodes).encode())))
     return Allocation(
-        scheduler="hostfile",
+        launcher=LAUNCHER,
         nodes=nodes,
         tasks_per_node=(1,) * len(nodes),
         task_rank=index,
-        node_index=index,
+        node_rank=index,
         local_task_rank=0,
         master_port=port,
         slots_per_node=slots if all(s is not None for s in slots) else None,  # type: ignore[arg-type]
-        sources={"nodes": origin, "node_index": f"this host's name or address in {origin}", "master_port": f"derived from the node list of {origin}"},
+        sources={"nodes": origin, "node_rank": f"this host's name or address in {origin}", "master_port": f"derived from the node list of {origin}"},
     )

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation
+from ..allocation import Allocation, Launcher
+
+LAUNCHER = Launcher("kubeflow")
 from ._parse import check_rank, env_int
 
 
@@ -23,7 +25,7 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         return None
     check_rank(rank_var, node, count_var, nnodes)
     return Allocation(
-        scheduler="kubeflow", tasks_per_node=(1,) * nnodes, task_rank=node, node_index=node, local_task_rank=0,
+        launcher=LAUNCHER, tasks_per_node=(1,) * nnodes, task_rank=node, node_rank=node, local_task_rank=0,
         master_addr=address, master_port=env_int(env, f"{prefix}MASTER_PORT", minimum=1),
-        sources={"tasks_per_node": count_var, "node_index": rank_var, "master_addr": f"{prefix}MASTER_ADDR", "master_port": f"{prefix}MASTER_PORT"},
+        sources={"tasks_per_node": count_var, "node_rank": rank_var, "master_addr": f"{prefix}MASTER_ADDR", "master_port": f"{prefix}MASTER_PORT"},
     )

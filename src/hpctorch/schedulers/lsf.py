@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation
+from ..allocation import Allocation, Launcher, launched_by_tasks
 from ..errors import HpctorchError
 from ._hostfiles import group_slots, read_slot_file
 from ._parse import check_rank, env_int
+
+LAUNCHER = Launcher("lsf", requeue=("brequeue",))
 
 
 def _slot_hosts(env: Mapping[str, str]) -> tuple[list[str], str]:
@@ -43,7 +45,7 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
                 f"this is the LSF job script of job {job_id} on {len(nodes)} nodes, not one task per node",
                 "start one hpctorch per node: 'jsrun -r 1 hpctorch run ...' or 'blaunch ...'",
             )
-        return Allocation(scheduler="lsf", nodes=nodes, tasks_per_node=(1,), job_id=job_id, task_rank=0, node_index=0,
+        return Allocation(launcher=LAUNCHER, nodes=nodes, tasks_per_node=(1,), job_id=job_id, task_rank=0, node_rank=0,
                           local_task_rank=0, slots_per_node=slots, submit_dir=env.get("LS_SUBCWD"), sources=sources)
     size = env_int(env, "JSM_NAMESPACE_SIZE", minimum=1) or 1
     local = env_int(env, "JSM_NAMESPACE_LOCAL_RANK")
@@ -58,7 +60,7 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
     sources.update(task_rank="JSM_NAMESPACE_RANK", local_task_rank="JSM_NAMESPACE_LOCAL_RANK", tasks_per_node="JSM_NAMESPACE_SIZE, JSM_NAMESPACE_LOCAL_SIZE")
     # jsrun fills nodes in order (-r resource sets per host): rank // local size is the node.
     return Allocation(
-        scheduler="lsf", nodes=nodes[: len(tasks)], tasks_per_node=tasks, job_id=job_id, task_rank=rank,
-        node_index=rank // local_size, local_task_rank=local, launched_ranks=local_size > 1,
+        launcher=LAUNCHER, nodes=nodes[: len(tasks)], tasks_per_node=tasks, launched=launched_by_tasks(tasks), job_id=job_id,
+        task_rank=rank, node_rank=rank // local_size, local_task_rank=local,
         submit_dir=env.get("LS_SUBCWD"), sources=sources,
     )

@@ -8,32 +8,32 @@
 - Cray PALS (mpiexec on HPE Cray EX): PALS_RANKID, PALS_LOCAL_RANKID, PALS_NODEID,
   PMI_SIZE, PMI_LOCAL_SIZE.
 None of them exports the node list or a master address: the Allocation is marked
-``needs_bootstrap`` and ``bootstrap.mpi_exchange`` fills them in with an allgather.
+``Launched.UNNAMED`` and ``bootstrap.mpi_exchange`` fills them in with an allgather.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation
+from ..allocation import Allocation, Launched, Launcher
 from ..errors import HpctorchError
 from ._parse import check_rank, env_int
 
-# (name, rank, size, local rank, local size, node index or None)
-FLAVOURS: tuple[tuple[str, str, str, str, str, str | None], ...] = (
-    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", None),
-    ("mvapich2", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE", None),
-    ("cray-pals", "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", "PMI_LOCAL_SIZE", "PALS_NODEID"),
-    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
+# (launcher, rank, size, local rank, local size, node index or None)
+FLAVOURS: tuple[tuple[Launcher, str, str, str, str, str | None], ...] = (
+    (Launcher("openmpi"), "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", None),
+    (Launcher("mvapich2"), "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE", None),
+    (Launcher("cray-pals"), "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", "PMI_LOCAL_SIZE", "PALS_NODEID"),
+    (Launcher("mpich"), "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
 )
 JOB_ID_VARS = ("PMIX_NAMESPACE", "PALS_APID", "PMI_JOBID")
 
 
 def detect(env: Mapping[str, str]) -> Allocation | None:
-    for name, rank_var, size_var, local_var, local_size_var, node_var in FLAVOURS:
+    for launcher, rank_var, size_var, local_var, local_size_var, node_var in FLAVOURS:
         if env.get(rank_var) is None:
             continue
-        if name == "mpich" and env.get("SLURM_STEP_ID"):
+        if rank_var == "PMI_RANK" and env.get("SLURM_STEP_ID"):
             return None  # srun's own PMI sets PMI_RANK: the Slurm detector reads the step
         rank = env_int(env, rank_var)
         size = env_int(env, size_var, minimum=1)
@@ -43,22 +43,21 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         local_size = env_int(env, local_size_var, minimum=1) or 1
         local = env_int(env, local_var)
         check_rank(local_var, local, local_size_var, local_size)
-        node_index = env_int(env, node_var) if node_var else None
+        node_rank = env_int(env, node_var) if node_var else None
         job_id = next((env[v] for v in JOB_ID_VARS if env.get(v)), None)
         sources = {"task_rank": rank_var, "local_task_rank": local_var, "tasks_per_node": f"{size_var}, {local_size_var}"}
         if node_var:
-            sources["node_index"] = node_var
+            sources["node_rank"] = node_var
         # Until the allgather: one node per local group, this node's count everywhere.
         nnodes = max(1, -(-size // local_size))
         return Allocation(
-            scheduler=name,
+            launcher=launcher,
             tasks_per_node=(local_size,) * nnodes,
+            launched=Launched.UNNAMED,
             job_id=job_id,
             task_rank=rank,
-            node_index=node_index,
+            node_rank=node_rank,
             local_task_rank=local,
-            launched_ranks=local_size > 1,
-            needs_bootstrap=True,
             sources=sources,
         )
     return None

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation
+from ..allocation import Allocation, Launcher
 from ..errors import HpctorchError
 from ._hostfiles import group_slots, read_slot_file
 from ._parse import check_rank, env_int
+
+LAUNCHER = Launcher("pbs", requeue=("qrerun",))
 
 
 def detect(env: Mapping[str, str]) -> Allocation | None:
@@ -25,13 +27,13 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         raise HpctorchError(f"PBS_JOBID={job_id} is set but PBS_NODEFILE is not", "request nodes with -l select=... (or unset the stale PBS_ variables)")
     nodes, slots = group_slots(read_slot_file(nodefile, "PBS_NODEFILE"))
     sources = {"job_id": "PBS_JOBID", "nodes": "PBS_NODEFILE", "slots_per_node": "PBS_NODEFILE (lines per host)"}
-    node_index = env_int(env, "PBS_NODENUM")
-    if node_index is not None:  # pbsdsh -u: one task per node
-        check_rank("PBS_NODENUM", node_index, "nodes in PBS_NODEFILE", len(nodes))
-        sources["node_index"] = "PBS_NODENUM"
+    node_rank = env_int(env, "PBS_NODENUM")
+    if node_rank is not None:  # pbsdsh -u: one task per node
+        check_rank("PBS_NODENUM", node_rank, "nodes in PBS_NODEFILE", len(nodes))
+        sources["node_rank"] = "PBS_NODENUM"
         return Allocation(
-            scheduler="pbs", nodes=nodes, tasks_per_node=(1,) * len(nodes), job_id=job_id,
-            task_rank=node_index, node_index=node_index, local_task_rank=0,
+            launcher=LAUNCHER, nodes=nodes, tasks_per_node=(1,) * len(nodes), job_id=job_id,
+            task_rank=node_rank, node_rank=node_rank, local_task_rank=0,
             slots_per_node=slots, submit_dir=env.get("PBS_O_WORKDIR"), sources=sources,
         )
     if len(nodes) > 1:
@@ -41,6 +43,6 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
             "'mpiexec -n NODES --ppn 1 hpctorch run ...' (PBS Pro, Cray PALS)",
         )
     return Allocation(
-        scheduler="pbs", nodes=nodes, tasks_per_node=(1,), job_id=job_id, task_rank=0, node_index=0,
+        launcher=LAUNCHER, nodes=nodes, tasks_per_node=(1,), job_id=job_id, task_rank=0, node_rank=0,
         local_task_rank=0, slots_per_node=slots, submit_dir=env.get("PBS_O_WORKDIR"), sources=sources,
     )

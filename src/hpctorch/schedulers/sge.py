@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation
+from ..allocation import Allocation, Launcher
 from ..errors import HpctorchError
 from ._parse import env_int
+
+LAUNCHER = Launcher("sge")
 
 
 def detect(env: Mapping[str, str]) -> Allocation | None:
@@ -32,7 +34,7 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
             "start one hpctorch per host with the parallel environment's launcher (mpirun with tight integration, or qrsh -inherit)",
         )
     return Allocation(
-        scheduler="sge", nodes=nodes, tasks_per_node=(1,), job_id=job_id, task_rank=0, node_index=0, local_task_rank=0,
+        launcher=LAUNCHER, nodes=nodes, tasks_per_node=(1,), job_id=job_id, task_rank=0, node_rank=0, local_task_rank=0,
         slots_per_node=slots if nodes else None, submit_dir=env.get("SGE_O_WORKDIR"),
         sources={"job_id": "JOB_ID", "nodes": "PE_HOSTFILE", "slots_per_node": "PE_HOSTFILE (slots column)"},
     )

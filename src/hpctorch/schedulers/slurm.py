@@ -4,9 +4,10 @@ slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES).
 Read: SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST / SLURM_JOB_NODELIST,
 SLURM_STEP_NUM_NODES / SLURM_NNODES, SLURM_STEP_TASKS_PER_NODE /
 SLURM_TASKS_PER_NODE (``2(x3),1``), SLURM_STEP_NUM_TASKS / SLURM_NTASKS,
-SLURM_PROCID, SLURM_NODEID, SLURM_LOCALID, SLURM_STEP_GPUS / SLURM_JOB_GPUS,
+SLURM_PROCID, SLURM_NODEID, SLURM_LOCALID,
 SLURM_STEP_RESV_PORTS, SLURM_SUBMIT_DIR. Step variables win over job variables. Outside a step (the
-batch script, an salloc shell) ``step_launcher`` says how to start one.
+batch script, an salloc shell) on several nodes, hpctorch relaunches itself with
+``srun``, one task per node (``LAUNCHER.relaunch``); ``scontrol requeue`` requeues.
 """
 
 from __future__ import annotations
@@ -15,10 +16,16 @@ import re
 from collections.abc import Mapping
 
 from .. import hostlist
-from ..allocation import Allocation
+from ..allocation import Allocation, Launched, Launcher, launched_by_tasks
 from ..errors import HpctorchError
 from ._parse import check_rank, env_int
 
+LAUNCHER = Launcher(
+    "slurm",
+    # --kill-on-bad-exit: one failed node ends the step, not the wall-clock limit.
+    relaunch=("srun", "--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"),
+    requeue=("scontrol", "requeue"),
+)
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
@@ -56,21 +63,16 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         )
     nodes = tuple(hostlist.expand(nodelist))
     sources = {"job_id": job_var or "", "nodes": nodelist_var}
-    gpus_raw, gpus_var = _first(env, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
-    gpus = tuple(g for g in gpus_raw.split(",") if g) if gpus_raw else None
-    if gpus_var:
-        sources["gpus"] = gpus_var
 
     if not in_step:
         # The batch script or an salloc shell: one process, not a training rank.
         return Allocation(
-            scheduler="slurm",
+            launcher=LAUNCHER,
             nodes=nodes,
             tasks_per_node=(1,) * len(nodes),
+            launched=Launched.BATCH if len(nodes) > 1 else Launched.NODES,
             job_id=job_id,
-            gpus=gpus,
             submit_dir=env.get("SLURM_SUBMIT_DIR"),
-            step_launcher=("srun", f"--nodes={len(nodes)}", "--ntasks-per-node=1", "--kill-on-bad-exit=1") if len(nodes) > 1 else (),
             sources=sources,
         )
 
@@ -92,30 +94,28 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
             "the Slurm variables contradict each other; unset the stale ones",
         )
     rank = env_int(env, "SLURM_PROCID")
-    node_index = env_int(env, "SLURM_NODEID")
+    node_rank = env_int(env, "SLURM_NODEID")
     local = env_int(env, "SLURM_LOCALID")
     check_rank("SLURM_PROCID", rank, "tasks", sum(tasks))
-    check_rank("SLURM_NODEID", node_index, "nodes", len(nodes))
-    if node_index is not None:
-        check_rank("SLURM_LOCALID", local, f"tasks on node {node_index}", tasks[node_index])
-    sources.update(task_rank="SLURM_PROCID", node_index="SLURM_NODEID", local_task_rank="SLURM_LOCALID", step_id="SLURM_STEP_ID")
+    check_rank("SLURM_NODEID", node_rank, "nodes", len(nodes))
+    if node_rank is not None:
+        check_rank("SLURM_LOCALID", local, f"tasks on node {node_rank}", tasks[node_rank])
+    sources.update(task_rank="SLURM_PROCID", node_rank="SLURM_NODEID", local_task_rank="SLURM_LOCALID", step_id="SLURM_STEP_ID")
     resv = env.get("SLURM_STEP_RESV_PORTS")
     port = int(resv.split("-")[0].split(",")[0]) if resv and resv[0].isdigit() else None
     if port is not None:
         sources["master_port"] = "SLURM_STEP_RESV_PORTS"
     return Allocation(
-        scheduler="slurm",
+        launcher=LAUNCHER,
         nodes=nodes,
         tasks_per_node=tasks,
+        launched=launched_by_tasks(tasks),
         job_id=job_id,
         step_id=step_id,
         task_rank=rank,
-        node_index=node_index,
+        node_rank=node_rank,
         local_task_rank=local,
-        gpus=gpus,
         master_port=port,
         submit_dir=env.get("SLURM_SUBMIT_DIR"),
-        # Mixed 1- and 2-task nodes must all run per-task, or ranks would not add up.
-        launched_ranks=max(tasks) > 1,
         sources=sources,
     )

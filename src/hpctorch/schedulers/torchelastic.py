@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation
+from ..allocation import Allocation, Launched, Launcher
+
+TORCHRUN = Launcher("torchrun")
+BY_HAND = Launcher("env")
 from ..errors import HpctorchError
 from ._parse import check_rank, env_int
 
@@ -46,27 +49,27 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         sources["local_task_rank"] = "LOCAL_RANK"
     check_rank("LOCAL_RANK", local_rank, "LOCAL_WORLD_SIZE", local_world_size)
     nnodes = world_size // local_world_size
-    node_index = env_int(env, "GROUP_RANK")
-    if node_index is None:
-        node_index = rank // local_world_size
+    node_rank = env_int(env, "GROUP_RANK")
+    if node_rank is None:
+        node_rank = rank // local_world_size
     else:
-        sources["node_index"] = "GROUP_RANK"
-    check_rank("GROUP_RANK", node_index, "nodes", nnodes)
+        sources["node_rank"] = "GROUP_RANK"
+    check_rank("GROUP_RANK", node_rank, "nodes", nnodes)
     master_port = env_int(env, "MASTER_PORT", minimum=1)
     for key, var in (("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
         if env.get(var):
             sources[key] = var
     by_torchrun = bool(env.get("TORCHELASTIC_RUN_ID"))
+    complete = by_torchrun and bool(env.get("MASTER_ADDR")) and master_port is not None
     return Allocation(
-        scheduler="torchrun" if by_torchrun else "env",
+        launcher=TORCHRUN if by_torchrun else BY_HAND,
         tasks_per_node=(local_world_size,) * nnodes,
+        launched=Launched.TORCH if complete else Launched.RANKS,
         job_id=env.get("TORCHELASTIC_RUN_ID") or None,
         task_rank=rank,
-        node_index=node_index,
+        node_rank=node_rank,
         local_task_rank=local_rank,
         master_addr=env.get("MASTER_ADDR") or None,
         master_port=master_port,
-        launched_ranks=True,
-        complete=by_torchrun and bool(env.get("MASTER_ADDR")) and master_port is not None,
         sources=sources,
     )

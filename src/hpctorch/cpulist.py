@@ -1,0 +1,31 @@
+"""Linux's cpulist syntax (``0-3,8,10-11``), both ways. Imports nothing: the bind
+wrapper (``_bind.py``) reads it just before each worker starts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return tuple(cpus)
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """``(0, 1, 2, 3, 8)`` -> ``0-3,8``."""
+    parts: list[str] = []
+    ordered: list[int | None] = [*sorted(set(cpus)), None]
+    start = previous = None
+    for cpu in ordered:
+        if cpu is not None and previous is not None and cpu == previous + 1:
+            previous = cpu
+            continue
+        if start is not None:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = cpu
+    return ",".join(parts)

@@ -1,0 +1,245 @@
+"""The decision: Allocation + options + host facts -> Plan. Pure; nothing is started."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from . import fabric, master, placement, ports, workerenv
+from .allocation import Allocation, Launched
+from .errors import HpctorchError
+from .facts import HostFacts
+from .plan import MODES, Options, Plan, Worker
+
+
+def _nested_launch_error(tasks: int, nproc: int, scheduler: str) -> HpctorchError:
+    return HpctorchError(
+        f"nested launch: {scheduler} already started {tasks} tasks on this node and "
+        f"--nproc-per-node {nproc} would make each start {nproc}, {tasks} x {nproc} = "
+        f"{tasks * nproc} processes",
+        "drop --nproc-per-node (each task is one rank), or launch one task per node "
+        "(srun --ntasks-per-node=1, mpirun --map-by ppr:1:node)",
+    )
+
+
+def _resolve_mode(allocation: Allocation, options: Options) -> tuple[str, str]:
+    if options.mode not in MODES:
+        raise HpctorchError(f"unknown mode {options.mode!r}", f"use one of {', '.join(MODES)}")
+    tasks = allocation.tasks_on_this_node
+    if options.mode == "per-node" and tasks > 1:
+        raise _nested_launch_error(tasks, options.nproc_per_node or 1, allocation.scheduler)
+    if allocation.launched is Launched.TORCH and options.mode != "per-node":
+        return "unchanged", f"{allocation.scheduler} already set every variable: nothing changed"
+    if options.mode != "auto":
+        return options.mode, f"--mode {options.mode}"
+    if allocation.launched is Launched.RANKS:
+        return "per-task", f"{allocation.scheduler} already started every rank"
+    if tasks > 1:
+        return "per-task", f"{allocation.scheduler} started {tasks} tasks on this node, one per rank"
+    return "per-node", "one launcher on this node starts the workers"
+
+
+def _workers_per_node(allocation: Allocation, options: Options, facts: HostFacts, nnodes: int) -> tuple[tuple[int, ...], str]:
+    """Per-node mode: how many workers each node starts, and why."""
+    if options.nproc_per_node is not None:
+        return (options.nproc_per_node,) * nnodes, "--nproc-per-node"
+    if allocation.slots_per_node and len(allocation.slots_per_node) == nnodes:
+        return allocation.slots_per_node, f"slots in {allocation.sources.get('nodes', allocation.scheduler)}"
+    if facts.gpus:
+        per = options.gpus_per_proc or 1
+        count = max(1, len(facts.gpus) // per)
+        what = "one per visible GPU" if per == 1 else f"one per {per} visible GPUs"
+        return (count,) * nnodes, f"{what} ({','.join(facts.gpus)})"
+    return (1,) * nnodes, "no GPU visible: one process"
+
+
+def _check_nnodes(allocation: Allocation, options: Options) -> int:
+    nnodes = options.nnodes if options.nnodes is not None else allocation.nnodes
+    if nnodes < 1:
+        raise HpctorchError(f"--nnodes {nnodes} is not a node count", "give --nnodes 1 or more")
+    if options.nnodes is not None and allocation.launcher.numbers_nodes and options.nnodes != allocation.nnodes:
+        raise HpctorchError(
+            f"--nnodes {options.nnodes} contradicts {allocation.scheduler}, which granted "
+            f"{allocation.nnodes} node(s)",
+            "drop --nnodes; hpctorch reads the node count from the scheduler",
+        )
+    return nnodes
+
+
+def _node_rank(allocation: Allocation, options: Options, nnodes: int) -> tuple[int, str]:
+    if options.node_rank is not None:
+        rank, why = options.node_rank, "--node-rank"
+    elif allocation.launcher.numbers_nodes and allocation.node_rank is not None:
+        rank, why = allocation.node_rank, f"from {allocation.scheduler}"
+    elif nnodes == 1:
+        rank, why = 0, "single node"
+    else:
+        raise HpctorchError(
+            f"--nnodes {nnodes} but nothing tells this node's rank: no scheduler allocation "
+            "was found and --node-rank was not given",
+            "run under a scheduler (srun, mpirun, ...), pass --hostfile, or give --node-rank "
+            "and --master-addr on every node",
+        )
+    if not 0 <= rank < nnodes:
+        raise HpctorchError(f"node rank {rank} is out of range for {nnodes} node(s)", "give --node-rank 0.." + str(nnodes - 1))
+    return rank, why
+
+
+def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choices: fabric.Choices | None = None) -> Plan:
+    """Decide how to run ``options.command`` on ``allocation``; raises HpctorchError.
+
+    ``choices`` (settings and interface) are made here when the caller has not made them.
+    """
+    if options.nproc_per_node is not None and options.nproc_per_node < 1:
+        raise HpctorchError(f"--nproc-per-node {options.nproc_per_node} starts nothing", "give 1 or more")
+    if allocation.launched is Launched.UNNAMED:
+        raise HpctorchError(
+            f"{allocation.scheduler} names no nodes: the MPI allgather must run first",
+            "plan through hpctorch.discover.plan_here, which runs it",
+        )
+    if options.simulate_nodes is not None:
+        return _simulated_plan(allocation, options, facts)
+    if allocation.launched is Launched.BATCH:
+        return _relaunch_plan(allocation, options, facts)
+    if choices is None:
+        choices = fabric.choose(options, facts, options.master_addr or allocation.master_addr)
+    options = fabric.applied(options, choices)
+    reasons: dict[str, str] = {}
+    sources = dict(allocation.sources)
+    sources.update({k: v for k, v in choices.settings.origins.items() if k in ("iface", "cpu_bind", "gpus_per_proc", "profile")})
+    mode, reasons["mode"] = _resolve_mode(allocation, options)
+    nnodes = _check_nnodes(allocation, options)
+    if mode in ("per-task", "unchanged"):
+        if options.nproc_per_node not in (None, 1):
+            raise _nested_launch_error(allocation.tasks_on_this_node, options.nproc_per_node, allocation.scheduler)
+        nproc_per_node = allocation.tasks_per_node
+        node_rank = allocation.node_rank or 0
+        reasons["node_rank"] = f"from {allocation.scheduler}"
+        reasons["nproc_per_node"] = f"tasks {allocation.scheduler} started per node"
+    else:
+        node_rank, reasons["node_rank"] = _node_rank(allocation, options, nnodes)
+        nproc_per_node, reasons["nproc_per_node"] = _workers_per_node(allocation, options, facts, nnodes)
+
+    nodes = allocation.nodes if len(allocation.nodes) == nnodes else ()
+    port = ports.master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)
+    run_id = ports.run_id(allocation, options, facts, nnodes, port)
+    where_master = master.locate(allocation, options, facts, choices, nnodes, node_rank, nodes, run_id, reasons)
+    rdzv_backend = "c10d" if port == 0 else "static"
+    reasons["rdzv_backend"] = (
+        "single node: the agent binds a free port itself (no race between jobs)"
+        if rdzv_backend == "c10d"
+        else "every node knows the master address and port"
+    )
+    common = dict(
+        mode=mode, scheduler=allocation.scheduler, job_id=allocation.job_id, nodes=nodes, node_rank=node_rank,
+        nproc_per_node=tuple(nproc_per_node), master_addr=where_master.address, master_port=port,
+        rdzv_backend=rdzv_backend, rdzv_timeout=options.rdzv_timeout, run_id=run_id, simulated=False,
+        max_restarts=options.max_restarts, reasons=reasons, sources=sources, command=options.command,
+        master_exchange=where_master.exchange, agreement_dir=ports.agreement_dir(allocation, options, nodes),
+        requeue=allocation.launcher.requeue,
+    )
+    if mode == "unchanged":
+        reasons["iface"] = reasons["mode"]
+        local = allocation.local_task_rank or 0
+        worker = Worker(node_rank, local, allocation.task_rank or 0, {})
+        return Plan(iface=None, workers=(worker,), common_env={}, **common)  # type: ignore[arg-type]
+
+    omp_from_user = "OMP_NUM_THREADS" in facts.env
+    iface_forced = choices.asked(nnodes)
+    if mode == "per-task":
+        local = allocation.local_task_rank if allocation.local_task_rank is not None else 0
+        where = placement.per_task(facts, local, nproc_per_node[node_rank], options.gpus_per_proc, options.cpu_bind, reasons)
+        env = workerenv.common_env(allocation, facts, where_master.iface, iface_forced, nodes, 1, reasons, choices.settings, where)
+        rank = allocation.task_rank if allocation.task_rank is not None else 0
+        own = workerenv.torch_contract(rank, local if where.local_rank is None else where.local_rank, node_rank,
+                                       nproc_per_node, where_master.address or "", port, run_id)
+        reasons["TORCHELASTIC_RUN_ID"] = ("set in per-task mode too, so Lightning, Accelerate and DeepSpeed take "
+                                          "torchrun's environment rather than their own Slurm/MPI detection")
+        if where.local_rank is not None:
+            own["HPCTORCH_LOCAL_TASK_RANK"] = str(local)
+        own.update(placement.worker_vars(where, 0, facts, omp_from_user))
+        workers: tuple[Worker, ...] = (Worker(node_rank, local, rank, {**env, **own}),)
+    else:
+        count = nproc_per_node[node_rank]
+        where = placement.per_node(facts, count, options.gpus_per_proc, options.cpu_bind, reasons)
+        env = workerenv.common_env(allocation, facts, where_master.iface, iface_forced, nodes, count, reasons, choices.settings, where)
+        bind_sets = placement.sets_env(where, omp_from_user)
+        env.update(bind_sets)
+        base = sum(nproc_per_node[:node_rank])
+        # Only with the bind wrapper does each worker get its own variables (launch.BIND_WRAPPER).
+        workers = tuple(
+            Worker(node_rank, local, base + local, {**env, **(placement.worker_vars(where, local, facts, omp_from_user) if bind_sets else {})})
+            for local in range(count)
+        )
+    return Plan(iface=where_master.iface.name if where_master.iface else None, workers=workers, common_env=env, **common)  # type: ignore[arg-type]
+
+
+def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:
+    """N node agents on this machine: each runs the plan a real node would get."""
+    count = options.simulate_nodes or 0
+    if count < 1:
+        raise HpctorchError(f"--simulate-nodes {count} simulates nothing", "give 1 or more")
+    if allocation.nnodes > 1 or allocation.launched in (Launched.RANKS, Launched.TORCH):
+        raise HpctorchError(
+            f"--simulate-nodes runs every node on this machine, but {allocation.scheduler} "
+            f"already describes {allocation.ntasks} task(s) on {allocation.nnodes} node(s)",
+            "drop --simulate-nodes inside a multi-node job, or run it outside the job",
+        )
+    for flag, value in (("--nnodes", options.nnodes), ("--node-rank", options.node_rank), ("--master-addr", options.master_addr)):
+        if value is not None:
+            raise HpctorchError(f"{flag} contradicts --simulate-nodes", f"drop {flag}; simulated nodes are numbered 0..{count - 1}")
+    node_options = replace(
+        options,
+        simulate_nodes=None,
+        mode="per-node",
+        nnodes=count,
+        master_addr="127.0.0.1",
+        master_port=options.master_port or facts.spare_port,
+        run_id=ports.run_id(allocation, options, facts, 1, 0),
+    )
+    node_plans = tuple(
+        make_plan(allocation, replace(node_options, node_rank=rank), _simulated_node_facts(facts, rank, count)) for rank in range(count)
+    )
+    first = node_plans[0]
+    reasons = dict(first.reasons)
+    reasons.update(
+        mode=f"{count} node agents on this machine, each its own node rank",
+        node_rank="simulated nodes are numbered 0.." + str(count - 1),
+        master_addr="simulated nodes share loopback",
+        master_port="--master-port" if options.master_port else "a port free on loopback now",
+    )
+    return replace(first, simulated=True, reasons=reasons, workers=tuple(w for p in node_plans for w in p.workers), node_plans=node_plans)
+
+
+def _simulated_node_facts(facts: HostFacts, rank: int, count: int) -> HostFacts:
+    """Simulated nodes share this machine: node ``rank`` gets its slice of CPUs and GPUs."""
+    topology = placement.topology(facts)
+    allowed = topology.allowed
+    share = allowed[rank * len(allowed) // count : (rank + 1) * len(allowed) // count] or allowed[rank % len(allowed) :][:1]
+    per_gpu = len(facts.gpus) // count
+    return replace(
+        facts, cpus=len(share), topology=replace(topology, allowed=tuple(share), online=len(share)),
+        gpus=facts.gpus[rank * per_gpu : (rank + 1) * per_gpu], gpu_numa=facts.gpu_numa[rank * per_gpu : (rank + 1) * per_gpu],
+    )
+
+
+def _relaunch_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:
+    """A batch script on several nodes is no rank: start one hpctorch per node instead."""
+    relaunch = allocation.relaunch_command()
+    if not relaunch:
+        raise HpctorchError(
+            f"this is the {allocation.scheduler} job script of job {allocation.job_id} on {allocation.nnodes} nodes, "
+            "not one task per node", "start one hpctorch per node with the scheduler's task launcher")
+    nproc = options.nproc_per_node or len(facts.gpus) or 1
+    return Plan(
+        mode="relaunch", scheduler=allocation.scheduler, job_id=allocation.job_id, nodes=allocation.nodes,
+        node_rank=0, nproc_per_node=(nproc,) * allocation.nnodes, master_addr=None,
+        master_port=options.master_port or 0, rdzv_backend="static", rdzv_timeout=options.rdzv_timeout,
+        run_id=ports.run_id(allocation, options, facts, 1, 0), iface=None, simulated=False, max_restarts=options.max_restarts,
+        workers=(), common_env={},
+        reasons={
+            "mode": f"this is the job's batch script, not a step: re-running under '{' '.join(relaunch)}'",
+            "master_addr": "decided by each node once the step starts",
+            "master_port": "decided by each node once the step starts",
+        },
+        sources=dict(allocation.sources), command=options.command, relaunch=relaunch, requeue=allocation.launcher.requeue,
+    )

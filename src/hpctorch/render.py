@@ -1,0 +1,70 @@
+"""The Plan as people read it: one row per decision, with its reason."""
+
+from __future__ import annotations
+
+import shlex
+
+from . import hostlist
+from .plan import TORCH_AGENT_VARS, Plan
+
+
+def _per_worker(plan: Plan, var: str) -> str:
+    sets = [(w.rank, w.env.get(var)) for w in plan.workers]
+    return "; ".join(f"rank {rank}: {value}" for rank, value in sets if value) or "none"
+
+
+def _master(plan: Plan) -> str:
+    if plan.master_addr is not None:
+        return plan.master_addr
+    if plan.master_exchange:
+        return f"(read at start from {plan.master_exchange})"
+    return "(decided on each node once relaunched)"
+
+
+def table(plan: Plan, explain: bool = False) -> str:
+    port = str(plan.master_port) if plan.master_port else "(a free port bound at start)"
+    nodes = hostlist.compress(plan.nodes) if plan.nodes else "(not named by the launcher)"
+    sizes = sorted(set(plan.nproc_per_node))
+    per_node = str(sizes[0]) if len(sizes) == 1 else ",".join(map(str, plan.nproc_per_node))
+    rows = [
+        ("scheduler", plan.scheduler + (f" job {plan.job_id}" if plan.job_id else ""), "scheduler"),
+        ("mode", plan.mode + (" (simulated nodes)" if plan.simulated else ""), "mode"),
+        ("nodes", f"{plan.nnodes}: {nodes}", "nodes"),
+        ("node rank", f"{plan.node_rank} of {plan.nnodes}", "node_rank"),
+        ("processes", f"{per_node} per node, world size {plan.world_size}", "nproc_per_node"),
+        ("master", _master(plan), "master_addr"),
+        ("port", port, "master_port"),
+        ("interface", plan.iface or "(left to torch)", "iface"),
+        ("rendezvous", f"{plan.rdzv_backend}, timeout {plan.rdzv_timeout} s", "rdzv_backend"),
+        ("gpus", _per_worker(plan, "HPCTORCH_DEVICES"), "devices"),
+        ("cpu bind", _per_worker(plan, "HPCTORCH_CPUS"), "cpu_bind"),
+        ("command", shlex.join(plan.command) if plan.command else "(none given)", ""),
+    ]
+    if plan.mode == "relaunch":
+        rows.insert(2, ("relaunch", shlex.join(plan.relaunch), ""))
+    reasons = dict(plan.reasons)
+    if plan.sources.get("profile"):
+        name, _, why = plan.sources["profile"].partition(" (")
+        rows.insert(0, ("site", name, "profile"))
+        reasons["profile"] = why.rstrip(")")
+    lines = ["hpctorch plan"]
+    for label, value, key in rows:
+        reason = reasons.get(key, "")
+        line = f"  {label:<11} {value}"
+        if reason:
+            line = f"{line:<46}  <- {reason}"
+        lines.append(line)
+    if explain:
+        lines.append("where each value came from:")
+        lines.extend(f"  {name:<16} {origin}" for name, origin in sorted(plan.sources.items()))
+        lines.extend(f"  {var:<16} {why}" for var, why in sorted(plan.reasons.items()) if var.isupper())
+    if plan.common_env:
+        lines.append("added to every worker's environment:")
+        lines.extend(f"  {k}={v}" for k, v in sorted(plan.common_env.items()))
+    if plan.mode == "per-node" and plan.workers:
+        lines.append(f"torch's elastic agent sets each worker's {', '.join(TORCH_AGENT_VARS)}")
+    lines.append(f"workers on this machine ({len(plan.workers)}):")
+    for worker in plan.workers:
+        own = " ".join(f"{k}={v}" for k, v in sorted(worker.env.items()) if plan.common_env.get(k) != v)
+        lines.append(f"  rank {worker.rank} (local {worker.local_rank}): {own or '(nothing more)'}")
+    return "\n".join(lines)
