@@ -119,6 +119,14 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         node_rank, reasons["node_rank"] = _node_rank(allocation, options, nnodes)
         nproc_per_node, reasons["nproc_per_node"] = _workers_per_node(allocation, options, facts, nnodes)
 
+    if mode == "per-node" and nnodes > 1 and options.max_restarts > 0:
+        # torch's static rendezvous restarts only the failing node's workers; the other
+        # nodes would wait in their collectives forever.
+        raise HpctorchError(
+            f"--max-restarts {options.max_restarts} on {nnodes} nodes: with a static rendezvous only the failing "
+            "node would restart its workers and the others would hang",
+            "drop --max-restarts and let the scheduler requeue the job (--requeue), or restart on one node",
+        )
     nodes = allocation.nodes if len(allocation.nodes) == nnodes else ()
     port = ports.master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)
     run_id = ports.run_id(allocation, options, facts, nnodes, port)

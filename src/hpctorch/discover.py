@@ -4,6 +4,7 @@ the MPI allgather or the master-address exchange where needed, and plan."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -27,16 +28,17 @@ def _from_host_list(options: Options, env: Mapping[str, str]) -> tuple[Allocatio
     else:
         origin, text = "--hosts", "\n".join(h for h in (options.hosts or "").replace(",", " ").split())
     entries = hostfile.parse(text, origin)
+    run_key = options.run_id or shlex.join(options.command)
     names = [host for host, _ in entries]
     # Only the master's name must be resolved; the others only if this host is listed
     # neither by name nor by address (a long host list would cost a lookup per host).
     facts = gather(env, resolve_hosts=names[:1])
     own = [str(a.ip) for i in facts.interfaces for a in i.ipv4 + i.ipv6]  # type: ignore[operator]
     try:
-        return hostfile.allocation(entries, origin, facts.hostname, own, facts.resolved), facts
+        return hostfile.allocation(entries, origin, facts.hostname, own, facts.resolved, run_key), facts
     except HpctorchError:
         facts = replace(facts, resolved={**facts.resolved, **{name: resolve(name) for name in names[1:]}})
-        return hostfile.allocation(entries, origin, facts.hostname, own, facts.resolved), facts
+        return hostfile.allocation(entries, origin, facts.hostname, own, facts.resolved, run_key), facts
 
 
 def _allocation(options: Options, env: Mapping[str, str]) -> tuple[Allocation, HostFacts]:

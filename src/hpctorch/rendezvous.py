@@ -4,12 +4,18 @@ Node 0 writes ``{"run_id", "addr", "port", "host"}`` atomically (write, then ren
 ``Plan.master_exchange`` in a directory all nodes share; the other nodes poll for it
 until the rendezvous timeout. ``discover`` runs it before the final plan is made, and
 torch's own TCP rendezvous takes over from there.
+
+At scale this must not bury a parallel file system: only node 0 (local rank 0) writes,
+one file; a reader stops at its first good read and polls with exponential backoff and
+jitter, from ``POLL_FIRST_S`` up to ``POLL_MAX_S``: at most ~38 reads in its first minute
+and 30 a minute after that, whatever the node count.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import time
 from pathlib import Path
@@ -17,14 +23,18 @@ from pathlib import Path
 from .errors import HpctorchError
 from .plan import Plan
 
-POLL_S = 0.1
+POLL_FIRST_S = 0.1
+POLL_MAX_S = 2.0
 
 
 def write_master(plan: Plan) -> None:
     """Node 0: publish this node's address for the others."""
     assert plan.master_exchange and plan.master_addr
     path = Path(plan.master_exchange)
-    record = {"run_id": plan.run_id, "addr": plan.master_addr, "port": plan.master_port, "host": socket.gethostname()}
+    # The scheduler's name for this node, which every reader compares with its node list
+    # (gethostname() may differ: nid001234 vs nid001234.local, or a container's name).
+    host = plan.nodes[plan.node_rank] if plan.nodes else socket.gethostname()
+    record = {"run_id": plan.run_id, "addr": plan.master_addr, "port": plan.master_port, "host": host}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -42,6 +52,7 @@ def read_master(plan: Plan) -> str:
     assert plan.master_exchange
     path = Path(plan.master_exchange)
     deadline = time.monotonic() + plan.rdzv_timeout
+    pause = POLL_FIRST_S
     while True:
         try:
             record = json.loads(path.read_text())
@@ -56,7 +67,9 @@ def read_master(plan: Plan) -> str:
                 f"check that {master} started, that {path.parent.parent} is shared by all nodes, "
                 "or pass --master-addr",
             )
-        time.sleep(POLL_S)
+        # Jitter spreads thousands of readers that started together.
+        time.sleep(min(pause * random.uniform(0.75, 1.25), max(0.0, deadline - time.monotonic()) + 0.01))
+        pause = min(POLL_MAX_S, pause * 1.5)
 
 
 def _written_by_master(plan: Plan, record: object) -> bool:

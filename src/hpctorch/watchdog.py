@@ -2,15 +2,21 @@
 
 torch's static rendezvous serves a TCPStore on the master (multi-tenant), and each
 node's agent is its client. The watchdog is one more client per node, under the key
-prefix ``hpctorch/<run id>/``:
-- ``abort``: set by the agent whose workers failed, with a one-line summary; every
-  other agent sees it within ``POLL_S`` and stops its workers through the torch
-  agent's own SIGTERM handling.
-- ``beat/<node>``: a counter each watchdog increments every ``POLL_S``; a node whose
-  counter stops moving for ``SILENT_AFTER_S`` (frozen, or its link down) is named and
-  the job is aborted. Counters are compared against the local clock only, so clock
-  skew between nodes does not matter.
-- ``done/<node>``: set when a node's workers all succeeded; such a node is not silent.
+prefix ``hpctorch/<run id>/``. Its load on the store is constant per node, whatever the
+node count (shared/DESIGN.md, scale rules):
+- every node, every ``POLL_S``: one ``add`` to its own counter ``beat/<node>``, one
+  ``check`` of ``abort`` and (nodes other than 0) one of ``finished``: at most three
+  requests, whatever N;
+- node 0 alone judges: one ``multi_get`` of all counters per ``POLL_S``. A counter that
+  stops moving for ``SILENT_AFTER_S`` (a frozen node, or its link down) names the node
+  in ``abort``. Counters are compared against node 0's clock only (no clock skew).
+- ``abort``: a one-line summary, set by the node whose workers failed or by node 0's
+  verdict; every node that reads it stops its workers through the torch agent's own
+  SIGTERM handling, and adds one to ``ack``.
+- a node whose workers all succeeded sets its counter to ``done``; node 0 also sets
+  ``finished``, so a node still finishing when node 0's store goes away is not alarmed.
+Node 0 serves the store: before its agent exits it waits (at most ``LINGER_S``) until
+every node has read the abort, or finished, so nobody sees "store gone" instead of the cause.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from .plan import Plan
 
@@ -27,17 +34,26 @@ POLL_S = 0.5
 SILENT_AFTER_S = 10.0
 UNREACHABLE_AFTER_S = 3.0
 STORE_TIMEOUT_S = 2
+LINGER_S = 5.0
+DONE = b"done"
 
 
 class JobWatchdog:
-    def __init__(self, plan: Plan, connect_timeout_s: float) -> None:
+    def __init__(self, plan: Plan, connect_timeout_s: float, on_abort: Callable[[str], None] | None = None) -> None:
+        """``on_abort(reason)`` stops this node's workers; by default SIGTERM to this
+        process, which the torch agent turns into stopping its workers."""
         self.plan = plan
+        self.on_abort = on_abort or (lambda _reason: os.kill(os.getpid(), signal.SIGTERM))
         self.prefix = f"hpctorch/{plan.run_id}/"
         self.connect_timeout_s = connect_timeout_s
         self.reason: str | None = None
+        self.requests = 0
+        """Store requests this node's watchdog made (the scale benchmark reads it)."""
         self._store = None
+        self._acked = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpctorch-watchdog", daemon=True)
+        self._beats = [f"{self.prefix}beat/{n}" for n in range(plan.nnodes)] if plan.is_master else []
 
     def start(self) -> "JobWatchdog":
         if self.plan.nnodes > 1:
@@ -49,11 +65,18 @@ class JobWatchdog:
         self._finish(self.prefix + "abort", summary)
 
     def finished(self) -> None:
-        self._finish(f"{self.prefix}done/{self.plan.node_rank}", "1")
+        self._finish(self._beat_key(), DONE.decode())
+
+    @property
+    def _finished_key(self) -> str:
+        return self.prefix + "finished"
 
     def close(self) -> None:
         """Stop watching without telling anyone (the abort is already in the store)."""
         self._finish(None, "")
+
+    def _beat_key(self) -> str:
+        return f"{self.prefix}beat/{self.plan.node_rank}"
 
     def _finish(self, key: str | None, value: str) -> None:
         # Join before the last write and before this process exits: a daemon thread
@@ -62,11 +85,35 @@ class JobWatchdog:
         if self._thread.is_alive():
             self._thread.join(timeout=STORE_TIMEOUT_S + POLL_S + 1)
         store, self._store = self._store, None
-        if store is not None and key is not None:
-            try:
+        if store is None:
+            return
+        try:
+            if key is not None:
                 store.set(key, value)
-            except Exception:  # noqa: BLE001 - the store's host may have exited first
-                pass
+                if key.endswith("abort"):
+                    self._ack(store)
+                elif value == DONE.decode() and self.plan.is_master:
+                    store.set(self._finished_key, "1")
+            if self.plan.is_master:
+                self._linger(store)
+        except Exception:  # noqa: BLE001 - the store's host may have exited first
+            pass
+
+    def _ack(self, store) -> None:  # type: ignore[no-untyped-def]
+        if not self._acked:
+            self._acked = True
+            store.add(self.prefix + "ack", 1)
+
+    def _linger(self, store) -> None:  # type: ignore[no-untyped-def]
+        """Node 0: keep serving until every node read the abort or finished (bounded)."""
+        deadline = time.monotonic() + LINGER_S
+        while time.monotonic() < deadline:
+            aborted = store.check([self.prefix + "abort"])
+            if aborted and store.add(self.prefix + "ack", 0) >= self.plan.nnodes:
+                return
+            if not aborted and all(v == DONE for v in store.multi_get(self._beats)):
+                return
+            time.sleep(POLL_S / 5)
 
     def _connect(self):  # type: ignore[no-untyped-def]
         from torch.distributed import TCPStore
@@ -80,51 +127,72 @@ class JobWatchdog:
                 time.sleep(POLL_S)
         return None
 
-    def _abort(self, reason: str) -> None:
+    def _abort(self, store, reason: str) -> None:  # type: ignore[no-untyped-def]
         self.reason = reason
         self._stop.set()
-        os.kill(os.getpid(), signal.SIGTERM)  # the torch agent stops its workers on SIGTERM
+        try:
+            self._ack(store)
+        except Exception:  # noqa: BLE001 - the store may be the thing that failed
+            pass
+        self.on_abort(reason)
 
     def _run(self) -> None:
         store = self._connect()
         if store is None:
             return
         self._store = store
-        me = self.plan.node_rank
-        others = [n for n in range(self.plan.nnodes) if n != me]
-        last_seen: dict[int, tuple[int, float]] = {}
-        done: set[int] = set()
+        judge = Judge(self.plan) if self.plan.is_master else None
         last_ok = time.monotonic()
+        master_finished = False
         while not self._stop.wait(POLL_S):
             now = time.monotonic()
             try:
-                store.add(f"{self.prefix}beat/{me}", 1)
+                self.requests += 2
+                store.add(self._beat_key(), 1)
                 if store.check([self.prefix + "abort"]):
+                    self.requests += 1
                     if not self._stop.is_set():
-                        self._abort(store.get(self.prefix + "abort").decode())
+                        self._abort(store, store.get(self.prefix + "abort").decode())
                     return
-                for node in others:
-                    if node in done:
-                        continue
-                    if store.check([f"{self.prefix}done/{node}"]):
-                        done.add(node)
-                        continue
-                    beats = store.add(f"{self.prefix}beat/{node}", 0)
-                    if beats == 0:
-                        continue  # not started yet: the rendezvous timeout covers that
-                    count, since = last_seen.get(node, (-1, now))
-                    if beats != count:
-                        last_seen[node] = (beats, now)
-                    elif now - since > SILENT_AFTER_S:
-                        host = self.plan.nodes[node] if self.plan.nodes else f"node {node}"
-                        reason = f"node {node} ({host}) went silent: no heartbeat for {SILENT_AFTER_S:.0f} s"
+                if judge is None:
+                    self.requests += 1
+                    master_finished = master_finished or store.check([self._finished_key])
+                else:
+                    self.requests += 1
+                    reason = judge.verdict(store, self._beats, now)
+                    if reason:
                         store.set(self.prefix + "abort", reason)
-                        self._abort(reason)
+                        self._abort(store, reason)
                         return
                 last_ok = now
             except Exception:  # noqa: BLE001 - the master's store went away
-                if len(done) == len(others) or self._stop.is_set():
-                    return
+                if self._stop.is_set() or master_finished:
+                    return  # node 0's workers all succeeded and its agent left: ours finish too
                 if now - last_ok > UNREACHABLE_AFTER_S:
-                    self._abort(f"the master's store at {self.plan.master_addr}:{self.plan.master_port} is gone (node 0 failed?)")
+                    self._abort(store, f"the master's store at {self.plan.master_addr}:{self.plan.master_port} is gone (node 0 failed?)")
                     return
+
+
+class Judge:
+    """Node 0's view of every node's counter: who went silent."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.all_started = False
+        self.last_seen: dict[int, tuple[bytes, float]] = {}
+
+    def verdict(self, store, beats: list[str], now: float) -> str | None:  # type: ignore[no-untyped-def]
+        if not self.all_started:
+            # One request until every node has beaten once: the rendezvous timeout covers a late start.
+            self.all_started = store.check(beats)
+            return None
+        for node, value in enumerate(store.multi_get(beats)):
+            if value == DONE:
+                continue
+            count, since = self.last_seen.get(node, (b"", now))
+            if value != count:
+                self.last_seen[node] = (value, now)
+            elif now - since > SILENT_AFTER_S:
+                host = self.plan.nodes[node] if self.plan.nodes else f"node {node}"
+                return f"node {node} ({host}) went silent: no heartbeat for {SILENT_AFTER_S:.0f} s"
+        return None

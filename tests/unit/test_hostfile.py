@@ -35,9 +35,12 @@ def test_own_index_by_name_short_name_or_address() -> None:
 
 def test_slots_give_heterogeneous_ranks_and_every_node_the_same_port() -> None:
     entries = hostfile.parse("node1 slots=2\nnode2 slots=1\n", "hosts")
-    a0 = hostfile.allocation(entries, "hosts", "node1", [], {})
-    a1 = hostfile.allocation(entries, "hosts", "node2", [], {})
+    a0 = hostfile.allocation(entries, "hosts", "node1", [], {}, "python -u train.py")
+    a1 = hostfile.allocation(entries, "hosts", "node2", [], {}, "python -u train.py")
     assert a0.master_port == a1.master_port
+    # Another run on the same hosts (another command or --run-id) gets another port.
+    other = hostfile.allocation(entries, "hosts", "node1", [], {}, "python -u eval.py")
+    assert other.master_port != a0.master_port
     p1 = make_plan(a1, Options(command=("x",)), facts(resolved={"node1": ("198.18.0.1",)}))
     assert (p1.nproc_per_node, p1.world_size, [w.rank for w in p1.workers]) == ((2, 1), 3, [2])
     assert p1.master_addr == "198.18.0.1" and p1.run_id == f"hostfile-{a1.master_port}"

@@ -191,3 +191,9 @@ def test_an_allocation_whose_nodes_are_unnamed_is_not_planned_before_the_allgath
     allocation = detect({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})
     with pytest.raises(HpctorchError, match="allgather must run first"):
         make_plan(allocation, Options(command=PY), facts())
+
+
+def test_restarts_across_nodes_are_refused_in_one_line() -> None:
+    with pytest.raises(HpctorchError, match="--max-restarts 2 on 2 nodes"):
+        make_plan(local(), Options(nnodes=2, node_rank=0, master_port=1, max_restarts=2, command=PY), facts())
+    assert make_plan(local(), Options(max_restarts=2, command=PY), facts()).max_restarts == 2  # one node restarts fine

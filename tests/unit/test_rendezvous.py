@@ -35,7 +35,8 @@ def plans(tmp_path: Path, timeout: int = 10, master_addr: str | None = None):  #
 
 
 def test_node0_writes_and_node1_reads_the_fabric_address(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("hpctorch.rendezvous.socket.gethostname", lambda: "node1")  # the writer is node 0
+    # The writer names itself as the scheduler does: its own gethostname() may differ.
+    monkeypatch.setattr("hpctorch.rendezvous.socket.gethostname", lambda: "nid-in-a-container")
     master, other = plans(tmp_path)
     assert master.master_exchange == other.master_exchange == str(tmp_path / ".hpctorch" / "slurm-42.0.master.json")
     assert (master.master_addr, other.master_addr) == ("198.18.0.1", None)

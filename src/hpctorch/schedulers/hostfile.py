@@ -9,7 +9,6 @@ matching its host name, or any of its addresses, against the list.
 from __future__ import annotations
 
 import re
-import zlib
 from collections.abc import Iterable, Mapping
 
 from ..allocation import Allocation, Launcher
@@ -57,8 +56,12 @@ def allocation(
     hostname: str,
     own_addresses: Iterable[str],
     resolved: Mapping[str, tuple[str, ...]],
+    run_key: str = "",
 ) -> Allocation:
-    """The Allocation for this host; ``resolved`` maps listed names to their addresses."""
+    """The Allocation for this host; ``resolved`` maps listed names to their addresses.
+
+    ``run_key`` names this run on every host alike (``--run-id``, else the command line),
+    so two runs on the same hosts get different ports."""
     mine = {hostname, hostname.split(".")[0], *own_addresses}
     index = None
     for position, (host, _) in enumerate(entries):
@@ -72,8 +75,8 @@ def allocation(
         )
     nodes = tuple(h for h, _ in entries)
     slots = tuple(s for _, s in entries)
-    # Without a job id, every node derives the same port from the node list itself.
-    port = derive_port(str(zlib.crc32(",".join(nodes).encode())))
+    # Without a job id, every node derives the same port from the node list and the run.
+    port = derive_port(",".join(nodes) + "|" + run_key)
     return Allocation(
         launcher=LAUNCHER,
         nodes=nodes,
@@ -83,5 +86,5 @@ def allocation(
         local_task_rank=0,
         master_port=port,
         slots_per_node=slots if all(s is not None for s in slots) else None,  # type: ignore[arg-type]
-        sources={"nodes": origin, "node_rank": f"this host's name or address in {origin}", "master_port": f"derived from the node list of {origin}"},
+        sources={"nodes": origin, "node_rank": f"this host's name or address in {origin}", "master_port": f"derived from the node list of {origin} and the run (--run-id, else the command)"},
     )

@@ -1,0 +1,166 @@
+"""Benchmark 7: hpctorch's own control plane at 16 to 4,096 nodes, on one real TCPStore.
+
+The real ``watchdog.JobWatchdog`` and ``agreement.check`` (not copies), one per simulated
+node, as threads in a few client processes; no torch workers. Per node count:
+- store requests per second, in total and per node, while every node idles;
+- false "went silent" verdicts during that idle time (should be none);
+- time from one node's ``report_failure`` until every node's watchdog has acted on it;
+- time until every node has passed the agreement check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import threading
+import time
+
+from hpctorch.network import free_port
+from hpctorch.plan import Plan
+
+from .common import PYTHON, ROOT, clean_env, save, table
+
+PROCESSES = 8
+RUN_ID = "bench"
+
+
+def node_plan(node: int, nnodes: int, port: int) -> Plan:
+    return Plan(
+        mode="per-node", scheduler="bench", job_id="1", nodes=tuple(f"nid{n:05d}" for n in range(nnodes)), node_rank=node,
+        nproc_per_node=(1,) * nnodes, master_addr="127.0.0.1", master_port=port, rdzv_backend="static", rdzv_timeout=120,
+        run_id=RUN_ID, iface="lo", simulated=False, max_restarts=0, workers=(), common_env={},
+    )
+
+
+def _store(port: int, master: bool):  # type: ignore[no-untyped-def]
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, is_master=master, timeout=datetime.timedelta(seconds=120), wait_for_workers=False,
+                    multi_tenant=True)
+
+
+def client(first: int, last: int, nnodes: int, port: int, agree_port: int, idle_s: float) -> None:
+    """One client process: simulated nodes ``first``..``last - 1``; prints its findings as JSON."""
+    from hpctorch import agreement
+    from hpctorch.watchdog import JobWatchdog
+
+    control = _store(port, False)
+    # Agreement first: every node checks its plan against the others' (node 0 serves the store).
+    agreed: dict[int, float] = {}
+
+    def agree(node: int) -> None:
+        store = agreement.check(node_plan(node, nnodes, agree_port), 120)
+        agreed[node] = time.time()
+        if store is not None:
+            holder.append(store)  # node 0 serves until everyone is through
+
+    holder: list = []
+    control.add("bench/agree-ready", 1)
+    control.wait(["bench/agree-go"])
+    threads = [threading.Thread(target=agree, args=(n,)) for n in range(first, last)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    control.add("bench/agreed", 1)
+    control.wait(["bench/all-agreed"])
+    holder.clear()
+
+    acted: dict[int, tuple[float, str]] = {}
+    watchdogs = {}
+    for node in range(first, last):
+        watchdogs[node] = JobWatchdog(node_plan(node, nnodes, port), 120,
+                                      on_abort=lambda reason, n=node: acted.setdefault(n, (time.time(), reason)))
+        watchdogs[node].start()
+    control.add("bench/ready", 1)
+    control.wait(["bench/idle-start"])
+    before = {n: w.requests for n, w in watchdogs.items()}
+    started = time.time()
+    time.sleep(idle_s)
+    after = {n: w.requests for n, w in watchdogs.items()}
+    window = time.time() - started
+    false_alarms = len(acted)
+    control.add("bench/idled", 1)
+    control.wait(["bench/fail"])
+    failing = nnodes - 1
+    if failing in watchdogs:
+        watchdogs[failing].report_failure("benchmark: a worker on the last node failed")
+    deadline = time.monotonic() + 60
+    while len(acted) < len(watchdogs) - (failing in watchdogs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for node, watchdog in watchdogs.items():
+        if node != failing:
+            watchdog.close()  # node 0 lingers until every node acknowledged
+    print(json.dumps({
+        "requests": sum(after[n] - before[n] for n in watchdogs), "window": window, "false_alarms": false_alarms,
+        "acted": [t for t, _ in acted.values()], "missing": len(watchdogs) - (failing in watchdogs) - len(acted),
+        "agreed": max(agreed.values()),
+    }), flush=True)
+
+
+def run(nnodes: int, idle_s: float) -> dict[str, float]:
+    port, agree_port = free_port(), free_port()
+    control = _store(port, True)
+    processes = min(PROCESSES, nnodes)
+    bounds = [nnodes * p // processes for p in range(processes + 1)]
+    children = [subprocess.Popen([PYTHON, "-m", "benchmarks.control_plane_scale", "--client", str(bounds[p]), str(bounds[p + 1]),
+                                  str(nnodes), str(port), str(agree_port), str(idle_s)],
+                                 cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, text=True) for p in range(processes)]
+    try:
+        while int(control.add("bench/agree-ready", 0)) < processes:
+            time.sleep(0.05)
+        agree_start = time.time()
+        control.set("bench/agree-go", "1")
+        while int(control.add("bench/agreed", 0)) < processes:
+            time.sleep(0.05)
+        control.set("bench/all-agreed", "1")
+        while int(control.add("bench/ready", 0)) < processes:
+            time.sleep(0.05)
+        control.set("bench/idle-start", "1")
+        while int(control.add("bench/idled", 0)) < processes:
+            time.sleep(0.1)
+        failed_at = time.time()
+        control.set("bench/fail", "1")
+        results = [json.loads(child.communicate(timeout=180)[0].strip().splitlines()[-1]) for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    requests = sum(r["requests"] for r in results)
+    window = max(r["window"] for r in results)
+    acted = [t for r in results for t in r["acted"]]
+    return {
+        "nodes": nnodes,
+        "requests_per_s": requests / window,
+        "per_node_per_s": requests / window / nnodes,
+        "false_alarms": sum(r["false_alarms"] for r in results),
+        "abort_known_s": max(acted) - failed_at if acted else float("nan"),
+        "never_knew": sum(r["missing"] for r in results),
+        "agreement_s": max(r["agreed"] for r in results) - agree_start,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, results not saved")
+    parser.add_argument("--client", nargs=6, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle watching per size")
+    args = parser.parse_args(argv)
+    if args.client:
+        first, last, nnodes, port, agree_port = map(int, args.client[:5])
+        client(first, last, nnodes, port, agree_port, float(args.client[5]))
+        return
+    sizes = (4, 8) if args.smoke else (16, 64, 256, 1024, 4096)
+    rows = [run(n, 2.0 if args.smoke else args.idle) for n in sizes]
+    print(table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew", "agreement (s)"],
+                [[r["nodes"], f"{r['requests_per_s']:.0f}", f"{r['per_node_per_s']:.2f}", r["false_alarms"],
+                  f"{r['abort_known_s']:.2f}", r["never_knew"], f"{r['agreement_s']:.2f}"] for r in rows]))
+    if not args.smoke:
+        save("control_plane_scale", {"idle_s": args.idle, "rows": rows})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The watchdog's protocol on one real TCPStore, with simulated nodes as threads (the
+benchmark runs the same code at 4,096 nodes; here it must be correct, not fast)."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+
+from hpctorch import watchdog
+from hpctorch.network import free_port
+from hpctorch.plan import Plan
+
+torch = pytest.importorskip("torch")
+
+
+def plan(node: int, nnodes: int, port: int) -> Plan:
+    return Plan(mode="per-node", scheduler="test", job_id="1", nodes=tuple(f"n{i}" for i in range(nnodes)), node_rank=node,
+                nproc_per_node=(1,) * nnodes, master_addr="127.0.0.1", master_port=port, rdzv_backend="static", rdzv_timeout=30,
+                run_id="wd", iface="lo", simulated=False, max_restarts=0, workers=(), common_env={})
+
+
+def start(nnodes: int) -> tuple[object, list[watchdog.JobWatchdog], dict[int, str]]:
+    port = free_port()
+    server = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
+                                        wait_for_workers=False, multi_tenant=True)
+    acted: dict[int, str] = {}
+    dogs = [watchdog.JobWatchdog(plan(n, nnodes, port), 30, on_abort=lambda reason, n=n: acted.setdefault(n, reason)).start()
+            for n in range(nnodes)]
+    return server, dogs, acted
+
+
+def wait_for(condition, limit: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, "hung: the watchdogs never got there"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("failing", [2, 0])
+def test_a_failure_reaches_every_node_even_from_node_0(failing: int) -> None:
+    server, dogs, acted = start(4)
+    time.sleep(1.5)  # everyone beats a few times
+    assert acted == {}
+    dogs[failing].report_failure(f"rank {failing} exited with code 1")
+    wait_for(lambda: len(acted) == 3)
+    assert set(acted) == {0, 1, 2, 3} - {failing}
+    assert set(acted.values()) == {f"rank {failing} exited with code 1"}
+    for dog in dogs:
+        dog.close()
+    # Node 0 served until every node had read the abort.
+    assert server.add("hpctorch/wd/ack", 0) == 4
+
+
+def test_node_0_alone_names_a_node_that_went_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 1.5)
+    server, dogs, acted = start(3)
+    time.sleep(1.2)
+    dogs[1]._stop.set()  # node 1 freezes: its counter stops moving, it says nothing
+    wait_for(lambda: len(acted) == 2)
+    assert acted[0] == acted[2] == "node 1 (n1) went silent: no heartbeat for 2 s"
+    for dog in dogs:
+        dog.close()
+
+
+def test_requests_per_node_do_not_grow_with_the_node_count() -> None:
+    rates = {}
+    for nnodes in (2, 12):
+        server, dogs, acted = start(nnodes)
+        time.sleep(1.0)
+        before = [d.requests for d in dogs]
+        time.sleep(3.0)
+        rates[nnodes] = max(d.requests - b for d, b in zip(dogs, before))
+        for dog in dogs:
+            dog.finished()
+        assert acted == {}
+    # Each node: at most three requests per interval, whatever N (node 0: two and one multi_get).
+    assert rates[12] <= rates[2] + 3, rates
+    assert rates[12] <= 3 * (3.0 / watchdog.POLL_S + 1), rates
