@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench setup system-deps clean
+.PHONY: demo test bench setup system-deps clean golden
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,11 +35,15 @@ $(VENV)/.installed-frameworks: $(VENV)/.installed
 test: system-deps setup $(VENV)/.installed-mpi $(VENV)/.installed-frameworks
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Rewrite the job-script golden files from the templates (then read the diff); tests never write them.
+golden: setup
+	$(PY) -m tests.fixtures.submit_cases
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis src/*.egg-info
 
 # make bench: every benchmark (about 15 minutes here, root for the 2-node cluster parts), then RESULTS.md.
-BENCHES := first_collective plan_latency plan_scale bootstrap port_collisions teardown
+BENCHES := first_collective plan_latency plan_scale bootstrap port_collisions teardown control_plane_scale
 bench: setup $(VENV)/.installed-mpi
 	$(PY) -m pip install -q -e '.[bench]'
 	for b in $(BENCHES); do $(PY) -m benchmarks.$$b || exit 1; done

@@ -6,7 +6,7 @@ import json
 
 from .common import HERE, RESULTS, summary, table
 
-ORDER = ("first_collective", "plan_latency", "plan_scale", "bootstrap", "port_collisions", "teardown")
+ORDER = ("first_collective", "plan_latency", "plan_scale", "bootstrap", "port_collisions", "teardown", "control_plane_scale")
 
 
 def _load(name: str) -> dict | None:
@@ -120,6 +120,37 @@ def teardown(data: dict) -> str:
             table(["command", "death to last exit, median s", "min / max s"], [[n, *_stats(v)] for n, v in data["times"].items()]))
 
 
+def control_plane_scale(data: dict) -> str:
+    rows = [[r["nodes"], f"{r['requests_per_s']:.0f}", f"{r['per_node_per_s']:.2f}", r["false_alarms"],
+             f"{r['abort_known_s']:.2f}", r["never_knew"], f"{r['agreement_s']:.2f}"] for r in data["rows"]]
+    _plot_control_plane(data)
+    notes = "".join(f"\n\n{note}" for note in data.get("notes", ()))
+    return (f"Simulated nodes: the real `JobWatchdog` and `agreement.check`, one per node, as threads in "
+            f"{data.get('processes', 8)} processes, against one real TCPStore; {data['idle_s']:.0f} s of idle watching per size.\n\n" +
+            table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew",
+                   "agreement (s)"], rows) + notes + "\n\n![control plane scale](plots/control_plane_scale.png)")
+
+
+def _plot_control_plane(data: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = data["rows"]
+    nodes = [r["nodes"] for r in rows]
+    figure, axis = plt.subplots(figsize=(6, 3.6))
+    axis.loglog(nodes, [r["requests_per_s"] for r in rows], "o-", label="store requests/s, all nodes")
+    axis.loglog(nodes, [r["per_node_per_s"] for r in rows], "s-", label="store requests/s per node")
+    axis.loglog(nodes, [r["abort_known_s"] for r in rows], "^-", label="abort known by every node, s")
+    axis.set_xlabel("nodes")
+    axis.set_title("Watchdog load and abort propagation (one TCPStore)")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    (HERE / "plots").mkdir(exist_ok=True)
+    figure.savefig(HERE / "plots" / "control_plane_scale.png", dpi=110)
+
+
 TITLES = {
     "first_collective": "1. Time to first collective",
     "plan_latency": "2. Plan latency",
@@ -127,6 +158,7 @@ TITLES = {
     "bootstrap": "4. Bootstrap at scale",
     "port_collisions": "5. Port collisions",
     "teardown": "6. Teardown after a kill -9",
+    "control_plane_scale": "7. Control plane at scale",
 }
 
 

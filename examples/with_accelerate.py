@@ -5,6 +5,7 @@ run it trains unchanged (Accelerate reads RANK/WORLD_SIZE/LOCAL_RANK from the en
 """
 
 import os
+import socket
 import sys
 
 import torch
@@ -26,10 +27,11 @@ def main() -> None:
         optimizer.step()
     accelerator.wait_for_everyone()
     state = accelerator.state
-    node = int(os.environ.get("GROUP_RANK", "0"))
+    # What Accelerate itself computed; it has no node index ("-"), the host is the OS's.
     # One write per line: with python -u, print() writes the newline separately and
     # lines from ranks sharing one pipe (mpirun, srun) could run together.
-    sys.stdout.write(f"FRAMEWORK accelerate {state.process_index} {state.local_process_index} {state.num_processes} {node} "
+    sys.stdout.write(f"FRAMEWORK accelerate {state.process_index} {state.local_process_index} {state.num_processes} - "
+                     f"{socket.gethostname()} "
                      f"{state.distributed_type} loss={loss.item():.4f}\n")
     torch.distributed.destroy_process_group()
     sys.stdout.flush()

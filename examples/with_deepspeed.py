@@ -6,6 +6,7 @@ skips its own MPI discovery). On CPU the backend is gloo.
 """
 
 import os
+import socket
 import sys
 
 import deepspeed
@@ -26,10 +27,11 @@ def main() -> None:
         engine.backward(loss)
         engine.step()
     deepspeed.comm.barrier()
-    node = int(os.environ.get("GROUP_RANK", "0"))
+    # What DeepSpeed's comm itself reports; it has no node index ("-"), the host is the OS's.
     # One write per line: with python -u, print() writes the newline separately and
     # lines from ranks sharing one pipe (mpirun, srun) could run together.
-    sys.stdout.write(f"FRAMEWORK deepspeed {deepspeed.comm.get_rank()} {deepspeed.comm.get_local_rank()} {world} {node} "
+    sys.stdout.write(f"FRAMEWORK deepspeed {deepspeed.comm.get_rank()} {deepspeed.comm.get_local_rank()} {world} - "
+                     f"{socket.gethostname()} "
                      f"{torch.distributed.get_backend()} loss={loss.item():.4f}\n")
     torch.distributed.destroy_process_group()
     sys.stdout.flush()

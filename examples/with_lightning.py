@@ -7,6 +7,7 @@ so Lightning's own SLURMEnvironment does not take over inside an srun step).
 """
 
 import os
+import socket
 import sys
 
 import lightning as L
@@ -30,7 +31,7 @@ def main() -> None:
     fabric.barrier()
     # One write per line: with python -u, print() writes the newline separately and
     # lines from ranks sharing one pipe (mpirun, srun) could run together.
-    sys.stdout.write(f"FRAMEWORK lightning {fabric.global_rank} {fabric.local_rank} {fabric.world_size} {fabric.node_rank} "
+    sys.stdout.write(f"FRAMEWORK lightning {fabric.global_rank} {fabric.local_rank} {fabric.world_size} {fabric.node_rank} {socket.gethostname()} "
                      f"{type(fabric._connector.cluster_environment).__name__} loss={loss.item():.4f}\n")
     torch.distributed.destroy_process_group()
     sys.stdout.flush()

@@ -15,11 +15,27 @@ def example(framework: str) -> str:
     return str(ROOT / "examples" / f"with_{framework}.py")
 
 
-def reported(output: str, framework: str) -> list[tuple[int, int, int, int]]:
-    """(global rank, local rank, world size, node rank) as the framework printed them, by rank."""
+def reported(output: str, framework: str) -> list[tuple[int, int, int, int | None]]:
+    """(global rank, local rank, world size, node rank) as the framework itself computed them,
+    by rank; node rank None where the framework has none (Accelerate, DeepSpeed)."""
     rows = []
     for line in unprefixed(output).splitlines():
         if line.startswith(f"FRAMEWORK {framework} "):
-            rank, local, world, node = (int(v) for v in line.split()[2:6])
-            rows.append((rank, local, world, node))
+            rank, local, world, node = line.split()[2:6]
+            rows.append((int(rank), int(local), int(world), None if node == "-" else int(node)))
     return sorted(rows)
+
+
+def hosts(output: str, framework: str) -> dict[int, str]:
+    """Global rank -> the host its process ran on (the OS's name, not hpctorch's)."""
+    found = {}
+    for line in unprefixed(output).splitlines():
+        if line.startswith(f"FRAMEWORK {framework} "):
+            words = line.split()
+            found[int(words[2])] = words[6]
+    return found
+
+
+def expected(framework: str, layout: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int | None]]:
+    """``layout`` with the node rank only for the frameworks that compute one."""
+    return [(r, lr, w, n if framework == "lightning" else None) for r, lr, w, n in layout]

@@ -25,6 +25,9 @@ from .plan import Plan
 from .sharedfiles import BeatingFiles
 
 POLL_S = 0.05
+CONNECT_TIMEOUT_S = 2.0
+"""A refused connection answers at once; an unanswered SYN (node 0 busy accepting thousands
+of nodes, a lossy link) needs longer than a poll to be answered."""
 """How often the store is asked; the shared files are written and read at most once a
 second (``sharedfiles``), and read only once the store has not settled it quickly."""
 FILES_AFTER_S = 2.0
@@ -118,7 +121,7 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
             # The files matter only when the store does not settle it quickly.
             seen = dict(files.read_live()) if time.monotonic() - started > FILES_AFTER_S else {}
             # A plain connect first: torch's store client logs a C++ trace for every refusal.
-            if store is None and network.connect(plan.master_addr, plan.master_port, POLL_S)["ok"]:
+            if store is None and network.connect(plan.master_addr, plan.master_port, CONNECT_TIMEOUT_S)["ok"]:
                 try:
                     store = open_store(plan, max(1.0, deadline - time.monotonic()))
                     _publish(store, plan.node_rank, mine)

@@ -19,7 +19,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad command line as one line, exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise HpctorchError(f"{self.prog}: {message}", f"see '{self.prog} --help'")
+        # Printed after "hpctorch: error: ", so the program's name is not repeated.
+        where = self.prog.removeprefix("hpctorch").strip()
+        raise HpctorchError(f"{where + ': ' if where else ''}{message}", f"see '{self.prog} --help'")
 
 
 def _nproc(value: str) -> int | None:
@@ -198,6 +200,7 @@ def _run(args: argparse.Namespace) -> int:
     from . import launch
 
     _check_script(args)
+    console = _console_ranks(args)  # every argument is checked before anything is printed or started
     plan = build_plan(args)
     if plan.mode == "relaunch":
         launch.exec_relaunch(plan, args.argv)
@@ -206,7 +209,6 @@ def _run(args: argparse.Namespace) -> int:
         launch.exec_per_task(plan)
     if plan.node_rank == 0:  # one copy per job, not one per node
         print(plan.table(), file=sys.stderr, flush=True)
-    console = _console_ranks(args)
     try:
         if plan.simulated:
             launch.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console)

@@ -91,6 +91,10 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
     """
     if options.nproc_per_node is not None and options.nproc_per_node < 1:
         raise HpctorchError(f"--nproc-per-node {options.nproc_per_node} starts nothing", "give 1 or more")
+    if options.rdzv_timeout <= 0:
+        raise HpctorchError(f"--rdzv-timeout {options.rdzv_timeout} leaves no time to meet", "give a number of seconds above 0")
+    if options.max_restarts < 0:
+        raise HpctorchError(f"--max-restarts {options.max_restarts} is not a count", "give 0 or more")
     if allocation.launched is Launched.UNNAMED:
         raise HpctorchError(
             f"{allocation.scheduler} names no nodes: the MPI allgather must run first",
@@ -143,7 +147,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         rdzv_backend=rdzv_backend, rdzv_timeout=options.rdzv_timeout, run_id=run_id, simulated=False,
         max_restarts=options.max_restarts, reasons=reasons, sources=sources, command=options.command,
         master_exchange=where_master.exchange, agreement_dir=ports.agreement_dir(allocation, options, nodes),
-        requeue=allocation.launcher.requeue,
+        requeue=allocation.launcher.requeue, container=facts.container,
     )
     if mode == "unchanged":
         reasons["iface"] = reasons["mode"]

@@ -86,6 +86,7 @@ def _node_verdicts(report: Report, master: Report | None, reports: Mapping[int, 
     elif report.get("serve_error"):
         found.append(Verdict("fail", f"{who}: cannot serve the rendezvous store on port {report['master']['port']}: "  # type: ignore[index]
                              f"{report['serve_error']}", "pass another --master-port; see the other verdicts"))
+    found.extend(_container_verdicts(report))
     reach = report.get("reach") or {}
     to_master = reach.get("master")  # type: ignore[union-attr]
     if to_master and not to_master["ok"] and not (master and master.get("serve_error")):
@@ -100,6 +101,27 @@ def _node_verdicts(report: Report, master: Report | None, reports: Mapping[int, 
                    if working else "check the cabling, link state and firewall between them")
             found.append(Verdict("fail", f"{who} cannot reach {whom} at {chosen[0]['addr']} on "
                                  f"{chosen[0]['iface'] or '?'}: {chosen[0]['error']}", fix))
+    return found
+
+
+def _container_verdicts(report: Report) -> list[Verdict]:
+    """What commonly breaks inside containers: a shared directory or devices not bound in."""
+    found = []
+    who, runtime = _who(report), report.get("container")
+    inside = f" inside the {runtime} container" if runtime else ""
+    shared = report.get("shared_dir") or {}
+    if shared and not shared.get("visible"):  # type: ignore[union-attr]
+        found.append(Verdict("fail", f"{who}: the shared directory {shared['path']} is not there{inside}",  # type: ignore[index]
+                             f"bind it into the container at the same path (e.g. apptainer exec -B {shared['path']}, "  # type: ignore[index]
+                             "srun --container-mounts), or pass --rendezvous-dir with a directory every node sees"))
+    elif shared and not shared.get("writable"):  # type: ignore[union-attr]
+        found.append(Verdict("warn", f"{who}: the shared directory {shared['path']} is read-only{inside}",  # type: ignore[index]
+                             "bind it writable, or pass --rendezvous-dir with a writable shared directory"))
+    infiniband = report.get("infiniband") or {}
+    if infiniband.get("interfaces") and not infiniband.get("devices"):  # type: ignore[union-attr]
+        found.append(Verdict("warn", f"{who}: InfiniBand interfaces ({', '.join(infiniband['interfaces'])}) but no "  # type: ignore[index]
+                             f"/dev/infiniband{inside}: NCCL falls back to TCP sockets",
+                             "bind /dev/infiniband into the container (apptainer --nv does not; add -B /dev/infiniband)"))
     return found
 
 
@@ -183,7 +205,8 @@ def table(reports: Mapping[int, Report], nnodes: int, found: Sequence[Verdict]) 
         peers = reach.get("peers") or {}  # type: ignore[union-attr]
         chosen = [p for probes in peers.values() for p in probes if p["chosen"]]
         rows.append((
-            str(node), str(report.get("host")), str(report.get("iface") or "-"), str(report.get("address") or "-"),
+            str(node), str(report.get("host")) + (f" [{report['container']}]" if report.get("container") else ""),
+            str(report.get("iface") or "-"), str(report.get("address") or "-"),
             ",".join(report.get("resolves") or ()) or "-",  # type: ignore[arg-type]
             ("ok " + _ms(to_master["ms"]) if to_master["ok"] else str(to_master["error"])) if to_master else "-",
             ("ok " + _ms(max(p["ms"] for p in chosen)) if all(p["ok"] for p in chosen) else

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from . import __version__, agreement, diagnosis, network
+from . import __version__, agreement, containers, diagnosis, network
 from .errors import HpctorchError
 from .facts import resolve
 from .plan import Options, Plan
@@ -100,7 +100,19 @@ def local_report(plan: Plan | None, plan_error: str | None, env: Mapping[str, st
         "gpus": {"visible": env.get("CUDA_VISIBLE_DEVICES"), "count": len(gpus(env))},
         "env": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)},
         "master": {"addr": plan.master_addr, "port": plan.master_port} if plan else None,
+        "container": containers.detect(env),
+        "shared_dir": _shared_dir(plan),
+        "infiniband": {"interfaces": [i.name for i in interfaces if i.name.startswith("ib")],
+                       "devices": os.path.isdir("/dev/infiniband")},
     }
+
+
+def _shared_dir(plan: Plan | None) -> dict[str, object] | None:
+    """The directory the nodes share (rendezvous, agreement): is it there, writable?"""
+    if plan is None or not plan.agreement_dir:
+        return None
+    shared = os.path.dirname(os.path.dirname(plan.agreement_dir))  # <dir>/.hpctorch/<key>.agreement
+    return {"path": shared, "visible": os.path.isdir(shared), "writable": os.access(shared, os.W_OK)}
 
 
 def _port_holder(port: int) -> str | None:

@@ -7,7 +7,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from . import affinity, config, devices, network
+from . import affinity, config, containers, devices, network
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class HostFacts:
     """CPUs, NUMA nodes and cores; None: ``cpus`` CPUs numbered from 0, one NUMA node."""
     config: Mapping[str, object] = field(default_factory=dict)
     """Settings from the config files, by origin (``config.load``)."""
+    container: str | None = None
+    """The container runtime this process runs in (``containers.detect``), if any."""
 
 
 def resolve(host: str) -> tuple[str, ...]:
@@ -62,4 +64,5 @@ def gather(env: Mapping[str, str] | None = None, resolve_hosts: Iterable[str] = 
         pid=os.getpid(),
         spare_port=network.free_port(),
         resolved={host: resolve(host) for host in resolve_hosts},
+        container=containers.detect(env),
     )

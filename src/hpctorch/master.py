@@ -30,6 +30,26 @@ def _is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
+def _names_node_0(given: str | None, given_why: str, nodes: tuple[str, ...]) -> str:
+    """A master given by host name is checked against the job's nodes: the node holding
+    rank 0 is reached at its address on the chosen interface (a wrapper's MASTER_ADDR
+    often names it by a name that resolves elsewhere); another node of the job is an
+    error. Returns the note for the reason, or "" (an address, or a name not in the job,
+    stays as given)."""
+    if not given or not nodes or is_ip(given) or _is_loopback(given):
+        return ""
+    short = [node.split(".")[0] for node in nodes]
+    name = given.split(".")[0]
+    if name == short[0]:
+        return f" ({given_why} names {given}, the node of rank 0, by a name not trusted for its address)"
+    if name in short:
+        raise HpctorchError(
+            f"the master address {given} ({given_why}) is node {short.index(name)} of the job, but rank 0 runs on {nodes[0]}",
+            "unset MASTER_ADDR (hpctorch finds the node of rank 0), or name that node",
+        )
+    return ""
+
+
 def exchange_file(shared_dir: str, run_id: str) -> str:
     return os.path.join(shared_dir, ".hpctorch", f"{run_id}.master.json")
 
@@ -62,6 +82,9 @@ def locate(
         reasons["iface"] = "the master address is loopback"
         return Master(given, network.loopback(facts.interfaces), None)
 
+    named = _names_node_0(given, given_why, nodes)
+    if named:
+        given = None  # its address is found as for any master host name: fabric, exchange
     # Some sites name each node's fabric address with a suffix (JSC: jwb0001 -> jwb0001i).
     master_host = nodes[0] if nodes else None
     suffix = choices.settings.master_suffix
@@ -93,12 +116,12 @@ def locate(
     shared_dir = options.rendezvous_dir or allocation.submit_dir
     exchange = exchange_file(shared_dir, run_id) if not reaching and shared_dir else None
     if node_rank == 0:
-        reasons["master_addr"] = f"this node holds rank 0: its address on {iface.name}"
+        reasons["master_addr"] = f"this node holds rank 0: its address on {iface.name}" + named
         if exchange:
             reasons["master_addr"] += f"; written to {exchange} (its name resolves elsewhere)"
         return Master(own, iface, exchange)
     if reaching:
-        reasons["master_addr"] = f"{master_host} (node holding rank 0) resolves to it on {iface.name}"
+        reasons["master_addr"] = f"{master_host} (node holding rank 0) resolves to it on {iface.name}" + named
         return Master(reaching[0], iface, None)
     if is_ip(master_host):
         # Node 0 is listed by address: there is nothing better to exchange.
@@ -108,7 +131,7 @@ def locate(
     if exchange:
         reasons["master_addr"] = (
             f"{master_host} resolves to {found}, not on {iface.name}: read from {exchange}, "
-            "where node 0 writes its address"
+            "where node 0 writes its address" + named
         )
         return Master(None, iface, exchange)
     if not resolved:

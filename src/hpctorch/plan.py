@@ -99,6 +99,8 @@ class Plan:
     """Mode relaunch: the command prefix that starts one hpctorch per node."""
     requeue: tuple[str, ...] = ()
     """The scheduler's requeue command (the job id appended); empty when it has none."""
+    container: str | None = None
+    """The container runtime hpctorch runs in, if any (shown; it changes nothing)."""
 
     @property
     def nnodes(self) -> int:

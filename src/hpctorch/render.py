@@ -40,6 +40,8 @@ def table(plan: Plan, explain: bool = False) -> str:
         ("cpu bind", _per_worker(plan, "HPCTORCH_CPUS"), "cpu_bind"),
         ("command", shlex.join(plan.command) if plan.command else "(none given)", ""),
     ]
+    if plan.container:
+        rows.insert(1, ("container", plan.container, ""))
     if plan.mode == "relaunch":
         rows.insert(2, ("relaunch", shlex.join(plan.relaunch), ""))
     reasons = dict(plan.reasons)

@@ -70,23 +70,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_a_killed_worker_on_node2_ends_the_whole_job(cluster: Cluster, job_dir: Path) -> None:
+@pytest.mark.parametrize("victim, node, host", [(3, 1, "node2"), (1, 0, "node1")])
+def test_a_killed_worker_ends_the_whole_job(cluster: Cluster, job_dir: Path, victim: int, node: int, host: str) -> None:
+    # On node 0 too: its agent serves the store, and must serve until node 2 read why.
     job = Job(cluster, job_dir)
     try:
         workers = job.ready_workers(4)
-        victim_pid, host = workers[3]
-        assert host == "node2"
+        victim_pid, where = workers[victim]
+        assert where == host
         os.kill(victim_pid, signal.SIGKILL)
         # Without teardown the others sit in time.sleep(60) and then hang in the barrier.
-        elapsed = job.wait_all(timeout=45)
+        elapsed = job.wait_all(timeout=45)  # a hang guard, not a speed figure (benchmarks/teardown.py)
     finally:
         job.kill()
     assert all(p.returncode != 0 for p in job.nodes)
     assert not any(_alive(pid) for pid, _ in workers.values())
     errors = "".join(job.stderr)
-    assert "rank 3 on node 1 (node2) (local rank 1) was killed by signal 9" in errors, errors[-2000:]
-    assert "hpctorch: stopped: rank 3 on node 1 (node2)" in errors
-    print(f"teardown after kill -9: {elapsed:.1f} s")
+    cause = f"rank {victim} on node {node} ({host}) (local rank 1) was killed by signal 9"
+    assert cause in errors, errors[-2000:]
+    # The other node names the cause too, not "the master's store is gone".
+    assert f"hpctorch: stopped: rank {victim} on node {node} ({host})" in errors, errors[-2000:]
+    assert "store at" not in errors
+    print(f"teardown after kill -9 of rank {victim}: {elapsed:.1f} s")
 
 
 def test_a_vanished_node_is_noticed_and_named(cluster: Cluster, job_dir: Path) -> None:
@@ -100,7 +105,7 @@ def test_a_vanished_node_is_noticed_and_named(cluster: Cluster, job_dir: Path) -
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         started = time.monotonic()
-        job.nodes[0].wait(timeout=60)
+        job.nodes[0].wait(timeout=60)  # a hang guard: the silence limit is 10 s
         elapsed = time.monotonic() - started
     finally:
         subprocess.run(["ip", "-n", cluster.netns("node2"), "link", "set", "hsn0", "up"], check=False)
@@ -112,7 +117,6 @@ def test_a_vanished_node_is_noticed_and_named(cluster: Cluster, job_dir: Path) -
                 pass
         job.kill()
     assert job.nodes[0].returncode != 0
-    assert elapsed < 30
     errors = "".join(job.stderr)
     assert "node 1 (node2) went silent" in errors, errors[-2000:]
     assert not any(_alive(pid) for pid, host in workers.values() if host == "node1")

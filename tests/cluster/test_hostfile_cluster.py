@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -43,17 +42,15 @@ def test_a_node_forced_onto_another_port_fails_fast_with_the_difference(cluster:
     hostfile = job_dir / "hosts"
     hostfile.write_text("".join(f"{fabric_addr(i)} slots=1\n" for i in range(1, cluster.count + 1)))
     argv = [PYTHON, "-m", "hpctorch", "run", "--hostfile", str(hostfile), "--rendezvous-dir", str(job_dir), "--master-port"]
-    started = time.monotonic()
     processes = [
         subprocess.Popen(cluster.on(node, [*argv, str(29400 + (index == cluster.count - 1)), TOY]),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env())
         for index, node in enumerate(cluster.names)
     ]
+    # A hang guard far below the rendezvous timeout (300 s): only the agreement ends it in time.
     errors = [p.communicate(timeout=60)[1] for p in processes]
-    elapsed = time.monotonic() - started
     assert [p.returncode for p in processes] == [2] * cluster.count, errors
     for err in errors:
         line = err.strip().splitlines()[-1]
         assert "the nodes planned different jobs: master address:port:" in line, err
         assert f"{fabric_addr(1)}:29400" in line and f"{fabric_addr(1)}:29401" in line, line
-    assert elapsed < 10, f"disagreement took {elapsed:.1f} s"

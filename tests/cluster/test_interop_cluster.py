@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ..interop import FRAMEWORKS, example, reported
+from ..interop import FRAMEWORKS, example, expected, hosts, reported
 from .conftest import PYTHON
 from .harness import Cluster
 
@@ -25,6 +25,7 @@ def test_framework_under_srun(cluster: Cluster, job_dir: Path, framework: str, m
         argv = [*srun, "--ntasks-per-node=1", PYTHON, "-m", "hpctorch", "run", "--nproc-per-node", "2", script]
     done = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *argv], timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert reported(done.stdout, framework) == [(0, 0, 4, 0), (1, 1, 4, 0), (2, 0, 4, 1), (3, 1, 4, 1)]
+    assert reported(done.stdout, framework) == expected(framework, [(0, 0, 4, 0), (1, 1, 4, 0), (2, 0, 4, 1), (3, 1, 4, 1)])
+    assert hosts(done.stdout, framework) == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
     if framework == "lightning":
         assert "SLURMEnvironment" not in done.stdout and "TorchElasticEnvironment" in done.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ..conftest import require
-from .conftest import PYTHON, TOY, assert_trained_across_nodes
+from .conftest import PYTHON, TOY, assert_trained_across_nodes, toy_ranks
 from .harness import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -24,12 +24,16 @@ def test_mpirun_one_rank_per_node_is_per_node_mode(cluster: Cluster) -> None:
     done = subprocess_run(cluster, argv)
     assert_trained_across_nodes(done.stdout)
     assert "mode        per-node" in done.stderr
+    assert {r["agent"] for r in toy_ranks(done.stdout)} == {"torch"}
 
 
 def test_mpirun_every_rank_is_per_task_mode(cluster: Cluster) -> None:
     argv = cluster.mpirun(2, [PYTHON, "-m", "hpctorch", "run", TOY, "--steps", "6"])
     done = subprocess_run(cluster, argv)
     assert_trained_across_nodes(done.stdout)
+    # Per task, hpctorch execs each rank: no torch agent started them, none prefixed output.
+    assert {r["agent"] for r in toy_ranks(done.stdout)} == {"none"}, done.stdout[-2000:]
+    assert "[node1 rank" not in done.stdout
 
 
 def test_init_under_mpirun_without_a_launcher(cluster: Cluster) -> None:

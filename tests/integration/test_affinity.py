@@ -9,7 +9,7 @@ import pytest
 
 from hpctorch.affinity import parse_cpulist
 
-from ..conftest import ROOT, clean_env, hpctorch, unprefixed
+from ..conftest import ROOT, clean_env, hpctorch, require, unprefixed
 
 SCRIPT = str(ROOT / "tests" / "fixtures" / "affinity.py")
 
@@ -23,8 +23,8 @@ def _cpus(text: str) -> set[int]:
     return set(parse_cpulist(text))
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to split")
 def test_two_workers_are_bound_to_disjoint_cpus() -> None:
+    require(len(os.sched_getaffinity(0)) >= 2, "needs 2 CPUs to split")
     done = hpctorch("run", "--nproc-per-node", "2", SCRIPT, env=clean_env(), timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     reports = _reports(done.stdout)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,19 +15,24 @@ from ..conftest import ROOT, clean_env
 SCRIPT = str(ROOT / "tests" / "fixtures" / "report.py")
 
 
-def _two_nodes(node_args: list[list[str]]) -> tuple[list[subprocess.CompletedProcess], float]:
-    started = time.monotonic()
-    common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--rdzv-timeout", "60"]
+def _two_nodes(node_args: list[list[str]]) -> list[subprocess.CompletedProcess]:
+    # A rendezvous timeout far above the hang guard: a node that only failed at the
+    # rendezvous would hang the test, not pass it; the message says the agreement caught it.
+    common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--rdzv-timeout", "600"]
     processes = [
         subprocess.Popen([sys.executable, "-m", "hpctorch", "run", *common, "--node-rank", str(rank), *args, SCRIPT],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
         for rank, args in enumerate(node_args)
     ]
     results = []
-    for process in processes:
-        out, err = process.communicate(timeout=90)
-        results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
-    return results, time.monotonic() - started
+    try:
+        for process in processes:
+            out, err = process.communicate(timeout=120)  # hang guard (the agreement takes seconds)
+            results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    finally:
+        for process in processes:
+            process.kill()
+    return results
 
 
 def _assert_both_name(results: list[subprocess.CompletedProcess], *words: str) -> None:
@@ -44,22 +48,23 @@ def _assert_both_name(results: list[subprocess.CompletedProcess], *words: str) -
 def test_a_node_with_another_port_fails_fast_through_the_shared_directory(tmp_path: Path) -> None:
     port = free_port()
     shared = ["--rendezvous-dir", str(tmp_path), "--nproc-per-node", "1"]
-    results, elapsed = _two_nodes([["--master-port", str(port), *shared], ["--master-port", str(port + 1), *shared]])
+    results = _two_nodes([["--master-port", str(port), *shared], ["--master-port", str(port + 1), *shared]])
     _assert_both_name(results, f"127.0.0.1:{port},", f"127.0.0.1:{port + 1}")
-    assert elapsed < 10 + 8, elapsed  # two interpreters importing torch on a 2-core machine
 
 
 def test_a_node_with_another_world_size_fails_fast_through_the_store() -> None:
     port = str(free_port())
-    results, elapsed = _two_nodes([["--master-port", port, "--nproc-per-node", "1"], ["--master-port", port, "--nproc-per-node", "2"]])
+    results = _two_nodes([["--master-port", port, "--nproc-per-node", "1"], ["--master-port", port, "--nproc-per-node", "2"]])
     _assert_both_name(results, "world size: node 0 (", ") 2, node 1 (", ") 4")
-    assert elapsed < 10 + 8, elapsed
 
 
 @pytest.mark.parametrize("rdzv_dir", [True, False])
 def test_agreeing_nodes_run(tmp_path: Path, rdzv_dir: bool) -> None:
     port = str(free_port())
     extra = ["--rendezvous-dir", str(tmp_path)] if rdzv_dir else []
-    results, _ = _two_nodes([["--master-port", port, "--nproc-per-node", "1", *extra]] * 2)
+    results = _two_nodes([["--master-port", port, "--nproc-per-node", "1", *extra]] * 2)
     assert [r.returncode for r in results] == [0, 0], results[0].stderr + results[1].stderr
-    assert not list((tmp_path / ".hpctorch").glob("*/node*.json")), "records are removed once agreed"
+    if rdzv_dir:
+        # Each node beat a record file there, and removed it once the nodes agreed.
+        assert (tmp_path / ".hpctorch").is_dir(), "no node wrote its record to the shared directory"
+        assert not list((tmp_path / ".hpctorch").glob("*/node*.json")), "records are removed once agreed"

@@ -17,6 +17,7 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("hpctorch: error: ") and "; fix: " in lines[0]
+    assert lines[0].count("error:") == 1 and not lines[0].startswith("hpctorch: error: hpctorch"), lines[0]
     assert "Traceback" not in done.stderr
     for word in words:
         assert word in lines[0]
@@ -30,6 +31,10 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "missing_script.py"), ("missing_script.py", "not found")),
         (("run", "--nnodes", "1:4", SCRIPT), ("elastic",)),
         (("run", "--nproc-per-node", "0", SCRIPT), ("starts nothing",)),
+        # Checked before the plan is printed or anything starts: the only line is the error.
+        (("run", "--console-ranks", "zero", SCRIPT), ("--console-ranks 'zero'",)),
+        (("run", "--rdzv-timeout", "-5", SCRIPT), ("--rdzv-timeout -5",)),
+        (("run", "--max-restarts", "-1", SCRIPT), ("--max-restarts -1",)),
         (("run", "--simulate-nodes", "2", "--nnodes", "3", SCRIPT), ("--nnodes", "--simulate-nodes")),
         (("plan", "--master-port", "70000"), ("70000",)),
         (("hostlist", "expand", "n[1-"), ("never closed",)),

@@ -10,11 +10,41 @@ import pytest
 from ..conftest import ROOT, clean_env
 
 
-@pytest.mark.parametrize("name", ["first_collective", "plan_latency", "plan_scale", "bootstrap", "port_collisions", "teardown"])
+# The column each benchmark must fill with a measured number on every row.
+MEASURED = {
+    "first_collective": "median s",
+    "plan_latency": "median ms",
+    "plan_scale": "time ms (best)",
+    "bootstrap": "difference s",
+    "port_collisions": "wall s",
+    "teardown": "median s",
+    "control_plane_scale": "per node/s",
+}
+
+
+def tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Every markdown table printed: (header, rows)."""
+    found, lines = [], text.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("|") and index + 1 < len(lines) and lines[index + 1].startswith("|---"):
+            cells = lambda row: [c.strip() for c in row.strip().strip("|").split("|")]  # noqa: E731
+            rows = [cells(r) for r in lines[index + 2 :] if r.startswith("|")]
+            found.append((cells(line), rows))
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED))
 def test_benchmark_runs_on_tiny_sizes(name: str) -> None:
     before = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
     done = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--smoke"], cwd=ROOT, env=clean_env(),
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert done.stdout.startswith("|") or "\n|" in done.stdout, done.stdout  # a markdown table
+    printed = [(header, rows) for header, rows in tables(done.stdout) if MEASURED[name] in header]
+    assert printed, done.stdout  # a table with the measured column
+    for header, rows in printed:
+        assert rows, done.stdout
+        column = header.index(MEASURED[name])
+        for row in rows:
+            assert len(row) == len(header), row
+            assert float(row[column].split()[0]) > 0, (header, row)  # a measurement, not a blank or 0
     assert sorted((ROOT / "benchmarks" / "results").glob("*.json")) == before, "a smoke run must not overwrite results"

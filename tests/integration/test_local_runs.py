@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from hpctorch.network import free_port
@@ -93,9 +92,8 @@ def test_a_failing_worker_fails_the_run_and_is_named() -> None:
 
 def test_a_failing_simulated_node_stops_the_others() -> None:
     # Rank 1 fails at once; rank 0 on the other node would sleep 120 s.
-    started = time.monotonic()
-    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "1", REPORT, "--sleep", "120", "--fail-rank", "1", env=clean_env(), timeout=100)
-    assert time.monotonic() - started < 60
+    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "1", REPORT, "--sleep", "120", "--fail-rank", "1",
+                    env=clean_env(), timeout=100)  # hang guard: below rank 0's 120 s sleep
     assert done.returncode != 0
     assert "simulated node" in done.stderr.strip().splitlines()[-1]
 

@@ -46,12 +46,9 @@ def test_sigterm_stops_every_worker_with_128_plus_signal(tmp_path: Path) -> None
     process = _start(tmp_path)
     try:
         _wait_ready(process, 4)
-        started = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
-        elapsed = time.monotonic() - started
+        process.wait(timeout=30)  # hang guard: the workers would sleep far longer
     finally:
         process.kill()
     assert process.returncode == 128 + signal.SIGTERM
-    assert elapsed < 15
     assert list(tmp_path.iterdir()) == []  # nobody finished: all were stopped

@@ -45,3 +45,16 @@ def test_nccl_failing_where_gloo_passed_points_at_nccl_settings() -> None:
     nccl = {"ok": False, "error": "NCCL error: remote process exited or there was a network error"}
     found = verdicts({0: _report(0, gloo=gloo, nccl=nccl), 1: _report(1, gloo=gloo, nccl=nccl)}, 2)
     assert found and all("where gloo passed" in v.text and "NCCL_SOCKET_IFNAME" in v.fix for v in found)
+
+
+def test_container_verdicts_name_what_is_not_bound_in() -> None:
+    from hpctorch.diagnosis import _container_verdicts
+
+    report = {"node": 1, "host": "n2", "container": "apptainer",
+              "shared_dir": {"path": "/lus/proj", "visible": False, "writable": False},
+              "infiniband": {"interfaces": ["ib0"], "devices": False}}
+    texts = [v.line() for v in _container_verdicts(report)]
+    assert any("FAIL node 1 (n2): the shared directory /lus/proj is not there inside the apptainer container" in t for t in texts)
+    assert any("/dev/infiniband inside the apptainer container" in t for t in texts)
+    fine = {**report, "shared_dir": {"path": "/lus/proj", "visible": True, "writable": True}, "infiniband": {"interfaces": [], "devices": False}}
+    assert _container_verdicts(fine) == []

@@ -59,10 +59,8 @@ def test_a_stale_file_from_another_run_is_ignored_and_the_wait_times_out(tmp_pat
     path = Path(other.master_exchange or "")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"run_id": "slurm-41.0", "addr": "198.18.0.9"}))
-    started = time.monotonic()
     with pytest.raises(HpctorchError, match="waited 1 s for node1"):
         read_master(other)
-    assert time.monotonic() - started < 5
 
 
 def test_no_exchange_when_the_name_resolves_onto_the_fabric(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hpctorch import hostlist
 from hpctorch.allocation import Launched
-
 from hpctorch.errors import HpctorchError
 from hpctorch import Options, make_plan
 from hpctorch.schedulers import detect
@@ -99,3 +99,38 @@ def test_contradictions_are_one_clear_error(overrides: dict[str, str], words: st
 def test_reserved_step_ports_are_used() -> None:
     a = detect(load_env("slurm/srun_2x2_rank3.env", SLURM_STEP_RESV_PORTS="12000-12003"))
     assert a.master_port == 12000 and a.sources["master_port"] == "SLURM_STEP_RESV_PORTS"
+
+
+def hook(env: dict[str, str]) -> dict[str, str]:
+    """What enroot's conf/hooks/extra/50-slurm-pytorch.sh adds inside an NGC container."""
+    first = hostlist.expand(env["SLURM_STEP_NODELIST"])[0]
+    return {**env, "MASTER_ADDR": first, "MASTER_PORT": str(int(env["SLURM_JOB_ID"]) % 4536 + 61000),
+            "WORLD_SIZE": env["SLURM_NTASKS"], "RANK": env["SLURM_PROCID"], "LOCAL_RANK": env["SLURM_LOCALID"]}
+
+
+@pytest.mark.parametrize("fixture", ["srun_2x2_rank3.env", "srun_2x1_rank1.env"])
+def test_torch_variables_a_hook_copied_from_slurm_are_slurms(fixture: str) -> None:
+    env = load_env("slurm/" + fixture)
+    plain, hooked = detect(env), detect(hook(env))
+    assert (hooked.scheduler, hooked.launched, hooked.task_rank, hooked.node_rank, hooked.tasks_per_node) == (
+        "slurm", plain.launched, plain.task_rank, plain.node_rank, plain.tasks_per_node)
+    assert hooked.master_port == int(env["SLURM_JOB_ID"]) % 4536 + 61000
+    assert "copied from slurm's: planned from slurm" in hooked.sources["torch variables"]
+    # The hook's MASTER_ADDR names node 0, whose name resolves off the fabric here: its
+    # fabric address is used instead (and said so), not the name.
+    plan = make_plan(hooked, Options(command=("x",)), facts(resolved={"node1": ("198.18.0.1",)}))
+    assert plan.master_addr == "198.18.0.1" and "by a name not trusted" in plan.reasons["master_addr"]
+
+
+def test_torch_variables_that_contradict_slurm_stop_in_one_line() -> None:
+    env = hook(load_env("slurm/srun_2x2_rank3.env"))
+    with pytest.raises(HpctorchError, match=r"RANK=2 contradicts slurm, which says 3 \(SLURM_PROCID\)"):
+        detect({**env, "RANK": "2"})
+    with pytest.raises(HpctorchError, match="WORLD_SIZE=8 contradicts slurm"):
+        detect({**env, "WORLD_SIZE": "8"})
+
+
+def test_a_master_name_that_is_another_node_of_the_job_is_refused() -> None:
+    env = {**hook(load_env("slurm/srun_2x1_rank1.env")), "MASTER_ADDR": "node2"}
+    with pytest.raises(HpctorchError, match="is node 1 of the job, but rank 0 runs on node1"):
+        make_plan(detect(env), Options(command=("x",)), facts(resolved={"node1": ("198.18.0.1",)}))

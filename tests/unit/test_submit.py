@@ -2,34 +2,21 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from hpctorch.errors import HpctorchError
 from hpctorch.submit import JobRequest, parse_signal, parse_time, render
 
-GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "submit"
-FULL = JobRequest(
-    command=("train.py", "--lr", "0.1; rm -rf /", "--name", "$(whoami)"),
-    nodes=4, time_s=7200, gpus_per_node=4, cpus_per_node=32, partition="gpu", account="proj42",
-    job_name="bert", preempt=("USR1", 120), requeue=True, extra=("--constraint=a100",),
-)
-MINIMAL = JobRequest(command=("-m", "mypkg.train"), nodes=2, time_s=5400, nproc_per_node=2)
-RESOURCES = JobRequest(command=("train.py",), nodes=8, time_s=86400 + 1800, gpus_per_node=8, cpus_per_node=64,
-                       partition="batch", account="acct", output="logs/run.out")
-CASES = [(s, name, r) for s in ("slurm", "pbs", "lsf", "flux") for name, r in (("full", FULL), ("minimal", MINIMAL), ("resources", RESOURCES))
-         if not (s == "pbs" and r.preempt) and not (s == "flux" and r.requeue)]
+from ..fixtures import submit_cases
+
+MINIMAL = submit_cases.MINIMAL
+FULL = submit_cases.FULL
 
 
-@pytest.mark.parametrize("scheduler, name, request_", CASES)
+@pytest.mark.parametrize("scheduler, name, request_", submit_cases.CASES)
 def test_golden(scheduler: str, name: str, request_: JobRequest) -> None:
-    text = render(request_, scheduler, python="/opt/venv/bin/python")
-    golden = GOLDEN / f"{scheduler}-{name}.sh"
-    if os.environ.get("HPCTORCH_UPDATE_GOLDEN") == "1":
-        golden.write_text(text)
-    assert text == golden.read_text()
+    # The golden files change only by `make golden`, read in review, never inside this run.
+    assert submit_cases.rendered(scheduler, request_) == submit_cases.golden(scheduler, name).read_text()
 
 
 def test_arguments_reach_the_script_word_for_word() -> None:

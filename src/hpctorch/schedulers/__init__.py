@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ..allocation import Allocation
+from ..allocation import Allocation, Launched
 from . import flux, k8s, local, lsf, mpi, pbs, sge, slurm, torchelastic
 
 DETECTORS = (
@@ -32,10 +32,28 @@ def detect(env: Mapping[str, str] | None = None) -> Allocation:
     """The allocation described by ``env`` (default: this process's environment)."""
     env = os.environ if env is None else env
     for module in DETECTORS:
+        if module is torchelastic and torchelastic.set_by_hand(env):
+            # A wrapper or container hook (enroot's PyTorch hook) may have copied the
+            # scheduler's own variables into RANK, WORLD_SIZE...: then they say nothing new.
+            beneath = _scheduler_beneath(env)
+            if beneath is not None:
+                return torchelastic.mirrored(beneath, env)
         allocation = module.detect(env)
         if allocation is not None:
             return allocation
     raise AssertionError("the local detector always matches")
+
+
+def _scheduler_beneath(env: Mapping[str, str]) -> Allocation | None:
+    """The launcher that started this task, read past torch's variables: one that numbers
+    its tasks (a job step), else None."""
+    for module in DETECTORS[DETECTORS.index(torchelastic) + 1 :]:
+        if module is local:
+            return None
+        allocation = module.detect(env)
+        if allocation is not None:
+            return allocation if allocation.task_rank is not None and allocation.launched is not Launched.BATCH else None
+    return None
 
 
 def this_machine(env: Mapping[str, str]) -> Allocation:

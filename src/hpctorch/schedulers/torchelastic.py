@@ -8,6 +8,7 @@ MASTER_PORT, TORCHELASTIC_RUN_ID (set only by torchrun's agent).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ..allocation import Allocation, Launched, Launcher
 
@@ -71,5 +72,49 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         local_task_rank=local_rank,
         master_addr=env.get("MASTER_ADDR") or None,
         master_port=master_port,
+        sources=sources,
+    )
+
+
+def set_by_hand(env: Mapping[str, str]) -> bool:
+    """RANK is set, but not by torchrun's agent."""
+    return env.get("RANK") is not None and not env.get("TORCHELASTIC_RUN_ID")
+
+
+def mirrored(beneath: Allocation, env: Mapping[str, str]) -> Allocation:
+    """``beneath`` (the scheduler's view of this task), when torch's variables only copy it.
+
+    A wrapper script or a container hook (enroot's ``50-slurm-pytorch.sh`` in NGC
+    containers sets RANK, WORLD_SIZE, LOCAL_RANK from SLURM_PROCID, SLURM_NTASKS and
+    SLURM_LOCALID, MASTER_ADDR to the first node's name and MASTER_PORT from the job id)
+    adds nothing: plan from the scheduler. A value that contradicts it is an error.
+    """
+    scheduler = beneath.scheduler
+    checks = (
+        ("RANK", env_int(env, "RANK"), beneath.task_rank, beneath.sources.get("task_rank", "its rank")),
+        ("WORLD_SIZE", env_int(env, "WORLD_SIZE", minimum=1), beneath.ntasks, beneath.sources.get("tasks_per_node", "its task count")),
+        ("LOCAL_RANK", env_int(env, "LOCAL_RANK"), beneath.local_task_rank, beneath.sources.get("local_task_rank", "its local rank")),
+        ("LOCAL_WORLD_SIZE", env_int(env, "LOCAL_WORLD_SIZE", minimum=1), beneath.tasks_on_this_node, beneath.sources.get("tasks_per_node", "")),
+    )
+    copied = []
+    for name, value, truth, origin in checks:
+        if value is None or truth is None:
+            continue
+        if value != truth:
+            raise HpctorchError(
+                f"{name}={value} contradicts {scheduler}, which says {truth} ({origin})",
+                f"unset {name} (hpctorch sets torch's variables from {scheduler}), or fix the wrapper that exports it",
+            )
+        copied.append(name)
+    sources = dict(beneath.sources)
+    sources["torch variables"] = f"{', '.join(copied)} copied from {scheduler}'s: planned from {scheduler}"
+    master_port = env_int(env, "MASTER_PORT", minimum=1)
+    for key, var in (("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
+        if env.get(var):
+            sources[key] = var
+    return replace(
+        beneath,
+        master_addr=env.get("MASTER_ADDR") or beneath.master_addr,
+        master_port=master_port if master_port is not None else beneath.master_port,
         sources=sources,
     )
