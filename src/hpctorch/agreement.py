@@ -19,9 +19,10 @@ import socket
 import time
 from collections.abc import Mapping
 
-from . import network
+from . import hostlist, network
 from .errors import HpctorchError
 from .plan import Plan
+from .progress import Progress
 from .sharedfiles import BeatingFiles
 
 POLL_S = 0.05
@@ -115,13 +116,15 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
         _publish(store, plan.node_rank, mine)
     stored: dict[int, dict] = {plan.node_rank: mine} if plan.is_master else {}
     pause = POLL_S
+    progress = Progress(timeout_s)
     try:
         while True:
+            progress.tick(lambda: waiting_for(plan, store is not None, stored))
             files.publish()
             # The files matter only when the store does not settle it quickly.
             seen = dict(files.read_live()) if time.monotonic() - started > FILES_AFTER_S else {}
             # A plain connect first: torch's store client logs a C++ trace for every refusal.
-            if store is None and network.connect(plan.master_addr, plan.master_port, CONNECT_TIMEOUT_S)["ok"]:
+            if store is None and network.connect(plan.master_addr, plan.master_port, max(POLL_S, min(CONNECT_TIMEOUT_S, deadline - time.monotonic())))["ok"]:
                 try:
                     store = open_store(plan, max(1.0, deadline - time.monotonic()))
                     _publish(store, plan.node_rank, mine)
@@ -146,7 +149,21 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
             time.sleep(pause)
             pause = min(pause * 1.5, 0.5)
     finally:
+        progress.done()
         files.remove()
+
+
+def waiting_for(plan: Plan, connected: bool, stored: Mapping[int, object]) -> str | None:
+    """What this node waits on, from what it already knows; None when another node says it."""
+    if plan.is_master:
+        missing = [n for n in range(plan.nnodes) if n not in stored]
+        if not missing:
+            return None
+        names = hostlist.compress([plan.nodes[n] for n in missing]) if plan.nodes else ", ".join(map(str, missing[:20]))
+        return f"waiting for {len(missing):,} of {plan.nnodes:,} nodes ({names})"
+    if not connected:
+        return f"node {plan.node_rank}: waiting to reach node 0's store at {plan.master_addr}:{plan.master_port}"
+    return None
 
 
 def _publish(store, node: int, mine: Mapping[str, object]) -> None:  # type: ignore[no-untyped-def]

@@ -10,12 +10,15 @@ rank 0 pick a free port. ``from_records`` turns that into the Allocation.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 from .allocation import Allocation, launched_by_tasks
 from .errors import HpctorchError
+from .progress import Progress
 from .schedulers._hostfiles import group_slots
 
 
@@ -56,21 +59,34 @@ def from_records(allocation: Allocation, rank: int, records: list[list[str]], po
 
 def mpi_exchange(allocation: Allocation, iface: str | None, timeout_s: float) -> Allocation:
     """Run the allgather child and fold its answer into ``allocation``."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "hpctorch.bootstrap", iface or ""],
-            capture_output=True, text=True, timeout=timeout_s,
-        )
-    except subprocess.TimeoutExpired:
-        raise HpctorchError(
-            f"the MPI bootstrap allgather did not finish in {timeout_s:.0f} s",
-            "check that every rank runs hpctorch, or raise --rdzv-timeout",
-        ) from None
-    if done.returncode != 0 or not done.stdout.strip():
-        detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        fix = "pip install 'hpctorch[mpi]' (mpi4py built for this MPI)" if "mpi4py" in done.stderr else "check the MPI installation"
+    # A PMI-1 launcher (Hydra, Flux, PALS) hands the task a socket in PMI_FD: the child's
+    # MPI_Init needs it, and subprocess closes inherited descriptors unless told.
+    pmi_fd = os.environ.get("PMI_FD", "")
+    child = subprocess.Popen([sys.executable, "-m", "hpctorch.bootstrap", iface or ""], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, pass_fds=(int(pmi_fd),) if pmi_fd.isdigit() else ())
+    progress = Progress(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            out, err = child.communicate(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                child.kill()
+                child.communicate()
+                progress.done()
+                raise HpctorchError(
+                    f"the MPI bootstrap allgather did not finish in {timeout_s:.0f} s",
+                    "check that every rank runs hpctorch, or raise --rdzv-timeout",
+                ) from None
+            if allocation.task_rank == 0:  # one line per job, from the rank the others wait with
+                progress.tick(lambda: f"waiting for the MPI allgather of {allocation.ntasks:,} ranks")
+    progress.done()
+    if child.returncode != 0 or not out.strip():
+        detail = (err.strip().splitlines() or ["no output"])[-1]
+        fix = "pip install 'hpctorch[mpi]' (mpi4py built for this MPI)" if "mpi4py" in err else "check the MPI installation"
         raise HpctorchError(f"{allocation.scheduler} names no nodes and the mpi4py bootstrap failed: {detail}", fix + ", or give --master-addr/--node-rank")
-    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    answer = json.loads(out.strip().splitlines()[-1])
     if answer["rank"] != allocation.task_rank:
         raise HpctorchError(
             f"the bootstrap ran as MPI rank {answer['rank']}, but {allocation.sources.get('task_rank')} says {allocation.task_rank}",

@@ -66,6 +66,9 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--no-prefix", action="store_true", help="leave workers' output as it is (default: each line starts with [host rank R])")
     add("--quiet-ranks", action="store_true", help="show only rank 0's output on the terminal (every rank's is kept in --log-dir)")
     add("--console-ranks", default=None, metavar="R,R,...", help="global ranks whose output reaches the terminal")
+    add("--verbose", "-v", action="store_true", help="print the whole plan (every worker's environment) before starting")
+    add("--quiet", "-q", action="store_true", help="print nothing of hpctorch's own but errors (no banner, progress or summary)")
+    add("--summary-json", default=None, metavar="FILE", help="node 0 writes the closing summary there as JSON")
     add("--requeue", action="store_true", help="after a preemption signal (SIGUSR1/2), requeue the job with the scheduler's command")
     add("--standalone", action="store_true", help="as torchrun: this machine alone, whatever launched it, on a free local port")
     add("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
@@ -201,20 +204,27 @@ def _run(args: argparse.Namespace) -> int:
 
     _check_script(args)
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
+    if args.quiet:
+        from . import progress
+
+        progress.enabled = False
     plan = build_plan(args)
     if plan.mode == "relaunch":
         launch.exec_relaunch(plan, args.argv)
     launch.check_master_port(plan)
     if plan.mode in ("per-task", "unchanged"):
         launch.exec_per_task(plan)
-    if plan.node_rank == 0:  # one copy per job, not one per node
-        print(plan.table(), file=sys.stderr, flush=True)
+    if plan.node_rank == 0 and not args.quiet:  # one copy per job, not one per node
+        from .render import banner
+
+        print(plan.table() if args.verbose else banner(plan), file=sys.stderr, flush=True)
     try:
         if plan.simulated:
-            launch.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console)
+            launch.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console,
+                                 quiet=args.quiet, summary_json=args.summary_json)
         else:
             launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue,
-                                prefix=not args.no_prefix, console_ranks=console)
+                                prefix=not args.no_prefix, console_ranks=console, quiet=args.quiet, summary_json=args.summary_json)
     except launch.WorkersFailed as exc:
         print(f"hpctorch: {exc.line}", file=sys.stderr)
         return exc.exit_code

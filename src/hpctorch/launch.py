@@ -105,12 +105,15 @@ def run_per_node(
     requeue: bool = False,
     prefix: bool = True,
     console_ranks: set[int] | None = None,
+    quiet: bool = False,
+    summary_json: str | None = None,
 ) -> None:
     """Start this node's workers with torch's elastic agent and wait for them.
 
     With ``prefix`` (the default) every line a worker prints reaches the terminal as
     ``[host rank R]: line`` and is also kept per rank under ``log_dir`` (a temporary
-    directory unless given): torch's tee does both.
+    directory unless given): torch's tee does both. Node 0 ends with a one-line summary
+    (unless ``quiet``), also written as JSON to ``summary_json``.
     """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -135,7 +138,7 @@ def run_per_node(
         # The address rank 0 advertises under c10d; without it torch uses getfqdn(),
         # which on many hosts resolves to 127.0.1.1 or a management network.
         local_addr=plan.master_addr,
-        logs_specs=_logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks),
+        logs_specs=(specs := _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks)),
         log_line_prefix_template=line_prefix(plan) if prefix else None,
         # Workers get SIGTERM first; a job being torn down must not wait 30 s for SIGKILL.
         shutdown_timeout=STOP_GRACE_S,
@@ -150,8 +153,10 @@ def run_per_node(
 
     # Held until the launch returns: torch's static rendezvous serves through it.
     master_store = agreement.check(plan, plan.rdzv_timeout) if plan.nnodes > 1 else None  # noqa: F841
-    watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout).start()
+    started = _process_start()
+    watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, startup_s=time.time() - started).start()
     preempted = _forward_preemption_to_children()
+    failure: WorkersFailed | None = None
     try:
         command = plan.command
         if any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS")):
@@ -164,17 +169,18 @@ def run_per_node(
         where = failure.error_file if os.path.exists(failure.error_file) else (log_dir or "its output above")
         host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes else ""
         node = f" on node {plan.node_rank}{host}" if plan.nnodes > 1 else ""
-        summary = f"rank {rank}{node} (local rank {failure.local_rank}) {how}; details: {where}"
-        watchdog.report_failure(summary)
+        line = f"rank {rank}{node} (local rank {failure.local_rank}) {how}; details: {where}"
+        watchdog.report_failure(line)
         _requeue_if_preempted(plan, preempted, requeue)
-        raise WorkersFailed(summary, exit_code=128 - code if code < 0 else 1) from None
+        failure = WorkersFailed(line, exit_code=128 - code if code < 0 else 1)
     except SignalException as exc:
         if watchdog.reason:
             watchdog.close()
-            raise WorkersFailed(f"stopped: {watchdog.reason}", exit_code=1) from None
-        # The agent already stopped its workers; say so once and keep 128+signal.
-        watchdog.report_failure(f"node {plan.node_rank} was stopped by {exc.sigval.name}")
-        raise WorkersFailed(f"stopped by {exc.sigval.name}", exit_code=128 + int(exc.sigval)) from None
+            failure = WorkersFailed(f"stopped: {watchdog.reason}", exit_code=1)
+        else:
+            # The agent already stopped its workers; say so once and keep 128+signal.
+            watchdog.report_failure(f"node {plan.node_rank} was stopped by {exc.sigval.name}")
+            failure = WorkersFailed(f"stopped by {exc.sigval.name}", exit_code=128 + int(exc.sigval))
     except (DistError, RendezvousError, RuntimeError) as exc:
         watchdog.report_failure(f"node {plan.node_rank} could not join the rendezvous")
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -184,8 +190,28 @@ def run_per_node(
             f"{plan.iface or 'the chosen interface'} (hpctorch plan shows why it was chosen), "
             "or raise --rdzv-timeout",
         ) from None
-    watchdog.finished()
-    _requeue_if_preempted(plan, preempted, requeue)
+    else:
+        watchdog.finished()
+        _requeue_if_preempted(plan, preempted, requeue)
+    if plan.is_master and (summary_json or not quiet):
+        from .summary import Summary
+
+        summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, watchdog.final,
+                             specs.root_log_dir, failure.line if failure else None)
+        if not quiet:
+            print(summary.line(), file=sys.stderr, flush=True)
+        if summary_json:
+            summary.write_json(summary_json)
+    if failure is not None:
+        raise failure
+
+
+def _process_start() -> float:
+    """When this hpctorch process started (seconds since the epoch): wall time and start-up
+    figures count from there, not from the launch."""
+    import psutil
+
+    return psutil.Process().create_time()
 
 
 PREEMPT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -235,7 +261,8 @@ def run_agent_from_env() -> int:
     output = json.loads(os.environ.pop(OUTPUT_ENV, "{}"))
     console = output.get("console_ranks")
     try:
-        run_per_node(plan, log_dir=log_dir, prefix=output.get("prefix", True), console_ranks=set(console) if console is not None else None)
+        run_per_node(plan, log_dir=log_dir, prefix=output.get("prefix", True), console_ranks=set(console) if console is not None else None,
+                     quiet=output.get("quiet", False), summary_json=output.get("summary_json"))
     except (HpctorchError, WorkersFailed) as exc:
         print(f"hpctorch node {plan.node_rank}: {exc}", file=sys.stderr, flush=True)
         return getattr(exc, "exit_code", 2)
@@ -251,13 +278,15 @@ def _stop(processes: Sequence[subprocess.Popen], sig: int) -> None:
                 pass
 
 
-def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None) -> None:
+def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None,
+                  quiet: bool = False, summary_json: str | None = None) -> None:
     """One agent process per simulated node; when one fails, stop them all."""
     agents = []
     for node_plan in plan.node_plans:
         env = dict(os.environ)
         env[PLAN_ENV] = json.dumps(node_plan.to_dict())
-        env[OUTPUT_ENV] = json.dumps({"prefix": prefix, "console_ranks": sorted(console_ranks) if console_ranks is not None else None})
+        env[OUTPUT_ENV] = json.dumps({"prefix": prefix, "console_ranks": sorted(console_ranks) if console_ranks is not None else None,
+                                      "quiet": quiet, "summary_json": summary_json if node_plan.is_master else None})
         if log_dir:
             env["HPCTORCH_AGENT_LOG_DIR"] = os.path.join(log_dir, f"node{node_plan.node_rank}")
         # Each agent leads its own process group, so stopping it reaches its workers too.

@@ -70,3 +70,32 @@ def table(plan: Plan, explain: bool = False) -> str:
         own = " ".join(f"{k}={v}" for k, v in sorted(worker.env.items()) if plan.common_env.get(k) != v)
         lines.append(f"  rank {worker.rank} (local {worker.local_rank}): {own or '(nothing more)'}")
     return "\n".join(lines)
+
+
+def _short(reason: str) -> str:
+    """A reason cut to its first clause, for the banner."""
+    first = reason.split(";")[0].strip()
+    return first if len(first) <= 70 else first[:67] + "..."
+
+
+def banner(plan: Plan) -> str:
+    """What ``hpctorch run`` prints before the job's own output: a few lines, each decision
+    with its reason; the whole table is ``hpctorch plan`` (``run --verbose``)."""
+    nodes = hostlist.compress(plan.nodes) if plan.nodes else "not named by the launcher"
+    sizes = sorted(set(plan.nproc_per_node))
+    per_node = str(sizes[0]) if len(sizes) == 1 else ",".join(map(str, plan.nproc_per_node))
+    job = f"{plan.scheduler} job {plan.job_id}" if plan.job_id else plan.scheduler
+    lines = [f"hpctorch: {plan.nnodes} node(s) ({nodes}) x {per_node} = world size {plan.world_size}, {job}"]
+    port = str(plan.master_port) if plan.master_port else "(free port)"
+    rows = [
+        ("mode", plan.mode + (" (simulated nodes)" if plan.simulated else ""), plan.reasons.get("mode", "")),
+        ("master", _master(plan), plan.reasons.get("master_addr", "")),
+        ("interface", plan.iface or "(left to torch)", plan.reasons.get("iface", "")),
+        ("port", port, plan.reasons.get("master_port", "")),
+    ]
+    if plan.container:
+        rows.append(("container", plan.container, ""))
+    for label, value, reason in rows:
+        lines.append(f"  {label:<10} {value}" + (f"   <- {_short(reason)}" if reason else ""))
+    lines.append("  (the whole plan: hpctorch plan --explain, or run --verbose)")
+    return "\n".join(lines)

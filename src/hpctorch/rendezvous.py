@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .errors import HpctorchError
 from .plan import Plan
+from .progress import Progress
 
 POLL_FIRST_S = 0.1
 POLL_MAX_S = 2.0
@@ -53,15 +54,19 @@ def read_master(plan: Plan) -> str:
     path = Path(plan.master_exchange)
     deadline = time.monotonic() + plan.rdzv_timeout
     pause = POLL_FIRST_S
+    progress = Progress(plan.rdzv_timeout)
+    master = plan.nodes[0] if plan.nodes else "node 0"
     while True:
+        progress.tick(lambda: f"node {plan.node_rank}: waiting for {master} to write its address to {path}")
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             record = None
         if _written_by_master(plan, record):
+            progress.done()
             return str(record["addr"])
         if time.monotonic() > deadline:
-            master = plan.nodes[0] if plan.nodes else "node 0"
+            progress.done()
             raise HpctorchError(
                 f"waited {plan.rdzv_timeout} s for {master} to write its address to {path}",
                 f"check that {master} started, that {path.parent.parent} is shared by all nodes, "

@@ -39,7 +39,8 @@ DONE = b"done"
 
 
 class JobWatchdog:
-    def __init__(self, plan: Plan, connect_timeout_s: float, on_abort: Callable[[str], None] | None = None) -> None:
+    def __init__(self, plan: Plan, connect_timeout_s: float, on_abort: Callable[[str], None] | None = None,
+                 startup_s: float | None = None) -> None:
         """``on_abort(reason)`` stops this node's workers; by default SIGTERM to this
         process, which the torch agent turns into stopping its workers."""
         self.plan = plan
@@ -54,6 +55,10 @@ class JobWatchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpctorch-watchdog", daemon=True)
         self._beats = [f"{self.prefix}beat/{n}" for n in range(plan.nnodes)] if plan.is_master else []
+        self.startup_s = startup_s
+        """Seconds from this node's hpctorch start to its workers' start; node 0 reads every node's."""
+        self.final: dict[str, dict[int, object]] = {}
+        """Node 0, once finished: each node's last state ("done" or not) and start-up seconds."""
 
     def start(self) -> "JobWatchdog":
         if self.plan.nnodes > 1:
@@ -96,8 +101,16 @@ class JobWatchdog:
                     store.set(self._finished_key, "1")
             if self.plan.is_master:
                 self._linger(store)
+                self.final = self._read_final(store)
         except Exception:  # noqa: BLE001 - the store's host may have exited first
             pass
+
+    def _read_final(self, store) -> dict[str, dict[int, object]]:  # type: ignore[no-untyped-def]
+        """Two requests whatever N: every node's counter, and its start-up time if all wrote one."""
+        states = {n: (value == DONE) for n, value in enumerate(store.multi_get(self._beats))} if store.check(self._beats) else {}
+        starts = [f"{self.prefix}start/{n}" for n in range(self.plan.nnodes)]
+        seconds = {n: float(v) for n, v in enumerate(store.multi_get(starts))} if store.check(starts) else {}
+        return {"done": states, "start_s": seconds}
 
     def _ack(self, store) -> None:  # type: ignore[no-untyped-def]
         if not self._acked:
@@ -141,6 +154,11 @@ class JobWatchdog:
         if store is None:
             return
         self._store = store
+        if self.startup_s is not None:
+            try:
+                store.set(f"{self.prefix}start/{self.plan.node_rank}", f"{self.startup_s:.3f}")  # once per node
+            except Exception:  # noqa: BLE001 - only the closing summary misses it
+                pass
         judge = Judge(self.plan) if self.plan.is_master else None
         last_ok = time.monotonic()
         master_finished = False

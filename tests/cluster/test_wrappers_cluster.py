@@ -32,7 +32,7 @@ def srun(cluster: Cluster, job_dir: Path, per_node: int, *argv: str, **env: str)
 
 
 def test_per_node_under_the_hook(cluster: Cluster, job_dir: Path) -> None:
-    done = srun(cluster, job_dir, 1, *HPCTORCH, "run", "--nproc-per-node", "2", TOY, "--steps", "6")
+    done = srun(cluster, job_dir, 1, *HPCTORCH, "run", "--verbose", "--nproc-per-node", "2", TOY, "--steps", "6")
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert_trained_across_nodes(done.stdout)
     # The hook's MASTER_ADDR names node1, which resolves to the management network here.

@@ -28,7 +28,12 @@ def tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
     for index, line in enumerate(lines):
         if line.startswith("|") and index + 1 < len(lines) and lines[index + 1].startswith("|---"):
             cells = lambda row: [c.strip() for c in row.strip().strip("|").split("|")]  # noqa: E731
-            rows = [cells(r) for r in lines[index + 2 :] if r.startswith("|")]
+            rows = []
+            for at in range(index + 2, len(lines)):
+                following = lines[at + 1] if at + 1 < len(lines) else ""
+                if not lines[at].startswith("|") or following.startswith("|---"):
+                    break  # the table ends at its first other line, or where the next table's header starts
+                rows.append(cells(lines[at]))
             found.append((cells(line), rows))
     return found
 

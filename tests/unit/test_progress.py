@@ -1,0 +1,66 @@
+"""What the user sees while waiting and at the end: progress lines, banner, summary."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from hpctorch import Options, make_plan
+from hpctorch.agreement import waiting_for
+from hpctorch.progress import Progress
+from hpctorch.render import banner
+from hpctorch.schedulers import detect
+from hpctorch.summary import Summary
+
+from .fixtures import load_env
+from .helpers import facts
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_line_every_interval_plain_in_a_log_in_place_on_a_terminal() -> None:
+    log, tty = io.StringIO(), Terminal()
+    for stream in (log, tty):
+        progress = Progress(300, every_s=0.05, stream=stream)
+        progress.tick(lambda: "too early")  # nothing before the first interval
+        time.sleep(0.06)
+        progress.tick(lambda: "waiting for 12 of 1,024 nodes (nid[0012-0023])")
+        progress.tick(lambda: "again too early")
+        time.sleep(0.06)
+        progress.tick(lambda: None)  # nothing to say: nothing printed
+        progress.done()
+    assert log.getvalue() == "hpctorch: waiting for 12 of 1,024 nodes (nid[0012-0023]) — 0 s of 300 s\n"
+    assert tty.getvalue() == "\r\x1b[Khpctorch: waiting for 12 of 1,024 nodes (nid[0012-0023]) — 0 s of 300 s\n"
+
+
+def test_node_0_names_the_missing_nodes_as_a_hostlist() -> None:
+    env = load_env("slurm/srun_2x1_rank1.env")
+    plan = make_plan(detect({**env, "SLURM_NODEID": "0", "SLURM_PROCID": "0"}), Options(command=("x",)),
+                     facts(resolved={"node1": ("198.18.0.1",)}))
+    assert waiting_for(plan, True, {0: {}}) == "waiting for 1 of 2 nodes (node2)"
+    assert waiting_for(plan, True, {0: {}, 1: {}}) is None
+    other = make_plan(detect(env), Options(command=("x",)), facts(resolved={"node1": ("198.18.0.1",)}))
+    assert waiting_for(other, False, {}).startswith("node 1: waiting to reach node 0's store at 198.18.0.1:")
+    assert waiting_for(other, True, {}) is None  # node 0 speaks for the job
+
+
+def test_the_banner_is_a_few_lines_with_reasons() -> None:
+    plan = make_plan(detect(load_env("slurm/srun_2x1_rank1.env")), Options(nproc_per_node=2, command=("x",)),
+                     facts(resolved={"node1": ("198.18.0.1",)}))
+    lines = banner(plan).splitlines()
+    assert len(lines) <= 8, lines
+    assert lines[0] == "hpctorch: 2 node(s) (node[1-2]) x 2 = world size 4, slurm job 4"
+    assert any(line.split()[:2] == ["mode", "per-node"] and "<-" in line for line in lines)
+    assert any(line.split()[:2] == ["interface", "hsn0"] for line in lines)
+    assert "RANK=" not in banner(plan)  # no worker environments: those are in hpctorch plan
+
+
+def test_summary_lines() -> None:
+    ok = Summary(0, 12.34, ("node1", "node2"), (0, 1), {0: 2.5, 1: 3.25}, "/tmp/logs", None)
+    assert ok.line() == ("hpctorch: finished in 12.3 s, exit 0 on all 2 node(s) (node[1-2]); slowest start: node2 "
+                         "(3.2 s to its workers); per-rank logs: /tmp/logs on node1 (each node keeps its own)")
+    failed = Summary(1, 8.0, ("node1", "node2"), (), {}, None, "rank 3 on node 1 (node2) exited with code 1")
+    assert failed.line() == "hpctorch: failed after 8.0 s (exit 1): rank 3 on node 1 (node2) exited with code 1"
