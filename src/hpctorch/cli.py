@@ -8,9 +8,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
-from . import hostlist
+from . import hostlist, torchrun_cli
 from .errors import HpctorchError
 from .plan import DEFAULT_RDZV_TIMEOUT_S, MODES, Options, Plan
+from .torchrun_cli import nnodes_range
 
 EXIT_USAGE = 2
 
@@ -36,16 +37,10 @@ def _nproc(value: str) -> int | None:
         raise argparse.ArgumentTypeError(f"{value!r} is not a count, 'gpu', 'cpu' or 'auto'") from None
 
 
-def _nnodes(value: str) -> int:
-    if ":" in value:
-        raise argparse.ArgumentTypeError(f"elastic node ranges ({value}) are not supported; give a fixed count")
-    return int(value)
-
-
 def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--nproc-per-node", "--nproc_per_node", type=_nproc, default=None, help="workers per node: N, gpu, cpu or auto (default: visible GPUs, else 1)")
-    add("--nnodes", type=_nnodes, default=None, help="node count when no scheduler tells it")
+    add("--nnodes", type=nnodes_range, default=None, metavar="N|MIN:MAX", help="node count when no scheduler tells it; MIN:MAX with --rdzv-backend c10d")
     add("--node-rank", "--node_rank", type=int, default=None, help="this node's rank when no scheduler tells it")
     add("--master-addr", "--master_addr", default=None, help="address of the node holding rank 0")
     add("--master-port", "--master_port", type=int, default=None, help="rendezvous port (default: derived from the job id, else free)")
@@ -61,7 +56,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--hosts", default=None, metavar="A,B,...", help="no scheduler: the job's hosts, comma-separated")
     add("--rendezvous-dir", default=None, metavar="DIR", help="a directory all nodes share, to exchange the master's address (default: the job's submit directory)")
     add("--log-dir", "--log_dir", default=None, help="keep each worker's output under this directory")
-    add("--tee", default=None, help="torchrun's --tee: also copy std streams to --log-dir (0-3)")
+    add("--tee", "-t", default=None, help="torchrun's --tee: also copy std streams to --log-dir (0-3)")
     add("--redirects", "-r", default=None, help="torchrun's --redirects (0-3)")
     add("--no-prefix", action="store_true", help="leave workers' output as it is (default: each line starts with [host rank R])")
     add("--quiet-ranks", action="store_true", help="show only rank 0's output on the terminal (every rank's is kept in --log-dir)")
@@ -73,6 +68,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--standalone", action="store_true", help="as torchrun: this machine alone, whatever launched it, on a free local port")
     add("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
     add("--no-python", "--no_python", action="store_true", help="run the script as an executable, not with python")
+    torchrun_cli.add_options(parser)
 
 
 def _parser(only: str | None = None) -> _Parser:
@@ -154,7 +150,12 @@ def _check_script(args: argparse.Namespace) -> None:
 
 
 def _options(args: argparse.Namespace) -> Options:
-    nnodes = args.nnodes
+    min_nodes, nnodes = args.nnodes if args.nnodes else (None, None)
+    master_addr, master_port, master_flag = args.master_addr, args.master_port, "--master-addr"
+    if args.rdzv_endpoint:
+        if args.master_addr or args.master_port:
+            raise HpctorchError("--rdzv-endpoint and --master-addr/--master-port both name the master", "give one of them")
+        (master_addr, master_port), master_flag = torchrun_cli.endpoint(args.rdzv_endpoint), "--rdzv-endpoint"
     if args.standalone:
         for flag, value in (("--nnodes", nnodes if nnodes != 1 else None), ("--node-rank", args.node_rank if args.node_rank else None),
                             ("--hostfile", args.hostfile), ("--hosts", args.hosts), ("--simulate-nodes", args.simulate_nodes)):
@@ -163,9 +164,15 @@ def _options(args: argparse.Namespace) -> Options:
     return Options(
         nproc_per_node=args.nproc_per_node,
         nnodes=nnodes,
+        min_nodes=min_nodes if min_nodes != nnodes else None,
         node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
+        master_addr=master_addr,
+        master_port=master_port,
+        master_flag=master_flag,
+        rdzv_backend=args.rdzv_backend,
+        rdzv_conf=torchrun_cli.rdzv_conf(args.rdzv_conf),
+        agent=torchrun_cli.agent_settings(args),
+        local_rank_arg=args.local_rank_arg,
         iface=args.iface,
         mode=args.mode,
         simulate_nodes=args.simulate_nodes,
@@ -188,6 +195,19 @@ def build_plan(args: argparse.Namespace, exchange: bool = True) -> Plan:
     return plan_here(_options(args), os.environ, exchange=exchange)
 
 
+def _local_ranks(args: argparse.Namespace) -> set[int] | None:
+    """torchrun's --local-ranks-filter: the local ranks whose output reaches the console, on every node."""
+    if not args.local_ranks_filter:
+        return None
+    if args.console_ranks is not None or args.quiet_ranks:
+        raise HpctorchError("--local-ranks-filter and --console-ranks/--quiet-ranks both choose the console's ranks", "give one of them")
+    try:
+        return {int(rank) for rank in args.local_ranks_filter.split(",") if rank.strip()}
+    except ValueError:
+        raise HpctorchError(f"--local-ranks-filter {args.local_ranks_filter!r} is not a list of local ranks",
+                            "write e.g. --local-ranks-filter 0,1") from None
+
+
 def _console_ranks(args: argparse.Namespace) -> set[int] | None:
     if args.quiet_ranks:
         return {0}
@@ -204,6 +224,7 @@ def _run(args: argparse.Namespace) -> int:
 
     _check_script(args)
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
+    local_ranks = _local_ranks(args)
     if args.quiet:
         from . import progress
 
@@ -221,10 +242,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if plan.simulated:
             launch.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console,
-                                 quiet=args.quiet, summary_json=args.summary_json)
+                                 quiet=args.quiet, summary_json=args.summary_json, local_ranks=local_ranks)
         else:
             launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue,
-                                prefix=not args.no_prefix, console_ranks=console, quiet=args.quiet, summary_json=args.summary_json)
+                                prefix=not args.no_prefix, console_ranks=console, quiet=args.quiet, summary_json=args.summary_json,
+                                local_ranks=local_ranks)
     except launch.WorkersFailed as exc:
         print(f"hpctorch: {exc.line}", file=sys.stderr)
         return exc.exit_code

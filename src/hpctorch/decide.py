@@ -65,13 +65,16 @@ def _check_nnodes(allocation: Allocation, options: Options) -> int:
     return nnodes
 
 
-def _node_rank(allocation: Allocation, options: Options, nnodes: int) -> tuple[int, str]:
+def _node_rank(allocation: Allocation, options: Options, nnodes: int, backend: str) -> tuple[int, str, bool]:
+    """This node's rank, why, and whether it is known before the rendezvous."""
     if options.node_rank is not None:
         rank, why = options.node_rank, "--node-rank"
     elif allocation.launcher.numbers_nodes and allocation.node_rank is not None:
         rank, why = allocation.node_rank, f"from {allocation.scheduler}"
-    elif nnodes == 1:
+    elif nnodes == 1 and options.min_nodes is None:
         rank, why = 0, "single node"
+    elif backend != "static":
+        return 0, f"assigned by torch's {backend} rendezvous as nodes join", False
     else:
         raise HpctorchError(
             f"--nnodes {nnodes} but nothing tells this node's rank: no scheduler allocation "
@@ -81,7 +84,7 @@ def _node_rank(allocation: Allocation, options: Options, nnodes: int) -> tuple[i
         )
     if not 0 <= rank < nnodes:
         raise HpctorchError(f"node rank {rank} is out of range for {nnodes} node(s)", "give --node-rank 0.." + str(nnodes - 1))
-    return rank, why
+    return rank, why, True
 
 
 def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choices: fabric.Choices | None = None) -> Plan:
@@ -112,6 +115,11 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
     sources.update({k: v for k, v in choices.settings.origins.items() if k in ("iface", "cpu_bind", "gpus_per_proc", "profile")})
     mode, reasons["mode"] = _resolve_mode(allocation, options)
     nnodes = _check_nnodes(allocation, options)
+    backend = options.rdzv_backend or "static"
+    if options.min_nodes is not None and backend == "static":
+        raise HpctorchError(f"--nnodes {options.min_nodes}:{nnodes} needs torch's dynamic rendezvous",
+                            "add --rdzv-backend c10d (and --rdzv-endpoint HOST:PORT), as with torchrun")
+    known = True
     if mode in ("per-task", "unchanged"):
         if options.nproc_per_node not in (None, 1):
             raise _nested_launch_error(allocation.tasks_on_this_node, options.nproc_per_node, allocation.scheduler)
@@ -120,34 +128,42 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         reasons["node_rank"] = f"from {allocation.scheduler}"
         reasons["nproc_per_node"] = f"tasks {allocation.scheduler} started per node"
     else:
-        node_rank, reasons["node_rank"] = _node_rank(allocation, options, nnodes)
+        node_rank, reasons["node_rank"], known = _node_rank(allocation, options, nnodes, backend)
         nproc_per_node, reasons["nproc_per_node"] = _workers_per_node(allocation, options, facts, nnodes)
 
-    if mode == "per-node" and nnodes > 1 and options.max_restarts > 0:
+    if mode == "per-node" and nnodes > 1 and options.max_restarts > 0 and backend == "static":
         # torch's static rendezvous restarts only the failing node's workers; the other
         # nodes would wait in their collectives forever.
         raise HpctorchError(
             f"--max-restarts {options.max_restarts} on {nnodes} nodes: with a static rendezvous only the failing "
             "node would restart its workers and the others would hang",
-            "drop --max-restarts and let the scheduler requeue the job (--requeue), or restart on one node",
+            "add --rdzv-backend c10d (torch's dynamic rendezvous restarts every node), or let the scheduler requeue "
+            "the job (--requeue)",
         )
     nodes = allocation.nodes if len(allocation.nodes) == nnodes else ()
     port = ports.master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)
     run_id = ports.run_id(allocation, options, facts, nnodes, port)
     where_master = master.locate(allocation, options, facts, choices, nnodes, node_rank, nodes, run_id, reasons)
-    rdzv_backend = "c10d" if port == 0 else "static"
-    reasons["rdzv_backend"] = (
-        "single node: the agent binds a free port itself (no race between jobs)"
-        if rdzv_backend == "c10d"
-        else "every node knows the master address and port"
-    )
+    if options.rdzv_backend:
+        rdzv_backend, reasons["rdzv_backend"] = options.rdzv_backend, "--rdzv-backend"
+        if port == 0 and rdzv_backend == "static":
+            port = facts.spare_port  # torch's static rendezvous needs the port in advance
+    else:
+        rdzv_backend = "c10d" if port == 0 else "static"
+        reasons["rdzv_backend"] = (
+            "single node: the agent binds a free port itself (no race between jobs)"
+            if rdzv_backend == "c10d"
+            else "every node knows the master address and port"
+        )
     common = dict(
         mode=mode, scheduler=allocation.scheduler, job_id=allocation.job_id, nodes=nodes, node_rank=node_rank,
         nproc_per_node=tuple(nproc_per_node), master_addr=where_master.address, master_port=port,
         rdzv_backend=rdzv_backend, rdzv_timeout=options.rdzv_timeout, run_id=run_id, simulated=False,
         max_restarts=options.max_restarts, reasons=reasons, sources=sources, command=options.command,
         master_exchange=where_master.exchange, agreement_dir=ports.agreement_dir(allocation, options, nodes),
-        requeue=allocation.launcher.requeue, container=facts.container,
+        requeue=allocation.launcher.requeue, container=facts.container, min_nodes=options.min_nodes,
+        node_rank_known=known, agent=dict(options.agent), rdzv_conf=dict(options.rdzv_conf),
+        local_addr=(where_master.iface.address if where_master.iface and nnodes > 1 else where_master.address),
     )
     if mode == "unchanged":
         reasons["iface"] = reasons["mode"]
@@ -170,11 +186,17 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
             own["HPCTORCH_LOCAL_TASK_RANK"] = str(local)
         own.update(placement.worker_vars(where, 0, facts, omp_from_user))
         workers: tuple[Worker, ...] = (Worker(node_rank, local, rank, {**env, **own}),)
+        if options.local_rank_arg:
+            common["command"] = (*options.command, f"{options.local_rank_arg}={own['LOCAL_RANK']}")
     else:
         count = nproc_per_node[node_rank]
         where = placement.per_node(facts, count, options.gpus_per_proc, options.cpu_bind, reasons)
         env = workerenv.common_env(allocation, facts, where_master.iface, iface_forced, nodes, count, reasons, choices.settings, where)
-        bind_sets = placement.sets_env(where, omp_from_user)
+        bind_sets = {} if options.agent.get("numa_options") else placement.sets_env(where, omp_from_user)
+        if options.agent.get("numa_options"):
+            reasons["cpu_bind"] = f"torch's own NUMA binding (--numa-binding {options.agent['numa_options']}); hpctorch binds no CPUs"
+        if options.local_rank_arg:  # torch's agent puts each worker's local rank in place of the macro
+            common["command"] = (*options.command, f"{options.local_rank_arg}=${{local_rank}}")
         env.update(bind_sets)
         base = sum(nproc_per_node[:node_rank])
         # Only with the bind wrapper does each worker get its own variables (launch.BIND_WRAPPER).

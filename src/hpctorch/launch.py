@@ -72,16 +72,22 @@ def exec_relaunch(plan: Plan, hpctorch_argv: Sequence[str]) -> None:
         ) from None
 
 
-def _logs_specs(plan: Plan, log_dir: str | None, tee: str | None, redirects: str | None, console_ranks: set[int] | None):  # type: ignore[no-untyped-def]
+def _logs_specs(plan: Plan, log_dir: str | None, tee: str | None, redirects: str | None, console_ranks: set[int] | None,  # type: ignore[no-untyped-def]
+                local_ranks: set[int] | None = None):
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
-    local_filter = None
+    specs_class = DefaultLogsSpecs
+    if plan.agent.get("logs_specs"):  # torchrun's --logs-specs: an entry point name
+        from torch.distributed.run import _get_logs_specs_class
+
+        specs_class = _get_logs_specs_class(str(plan.agent["logs_specs"]))
+    local_filter = local_ranks
     if console_ranks is not None:
         base = sum(plan.nproc_per_node[: plan.node_rank])
         local_filter = {rank - base for rank in console_ranks if 0 <= rank - base < plan.nproc_per_node[plan.node_rank]}
         # torch reads an empty filter as "show everyone"; -1 matches no local rank.
         local_filter = local_filter or {-1}
-    return DefaultLogsSpecs(
+    return specs_class(
         log_dir=log_dir,
         redirects=Std.from_str(redirects or "0"),
         tee=Std.from_str(tee or "0"),
@@ -93,7 +99,12 @@ def line_prefix(plan: Plan) -> str:
     """torch's per-line prefix template: the global rank, and the node when there are several."""
     if plan.nnodes == 1:
         return "[rank ${rank}]: "
-    where = plan.nodes[plan.node_rank] if plan.nodes else f"node {plan.node_rank}"
+    if not plan.node_rank_known:
+        import socket
+
+        where = socket.gethostname()
+    else:
+        where = plan.nodes[plan.node_rank] if plan.nodes else f"node {plan.node_rank}"
     return f"[{where} rank ${{rank}}]: "
 
 
@@ -107,6 +118,7 @@ def run_per_node(
     console_ranks: set[int] | None = None,
     quiet: bool = False,
     summary_json: str | None = None,
+    local_ranks: set[int] | None = None,
 ) -> None:
     """Start this node's workers with torch's elastic agent and wait for them.
 
@@ -115,34 +127,12 @@ def run_per_node(
     directory unless given): torch's tee does both. Node 0 ends with a one-line summary
     (unless ``quiet``), also written as JSON to ``summary_json``.
     """
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     assert plan.master_addr is not None, "the exchange runs before the final plan"
     os.environ.update(plan.common_env)
-    if plan.rdzv_backend == "static":
-        rdzv_configs: dict[str, object] = {"rank": plan.node_rank, "timeout": plan.rdzv_timeout}
-    else:
-        rdzv_configs = {"join_timeout": plan.rdzv_timeout}
-    config = LaunchConfig(
-        min_nodes=plan.nnodes,
-        max_nodes=plan.nnodes,
-        nproc_per_node=plan.nproc_per_node[plan.node_rank],
-        run_id=plan.run_id,
-        role=ROLE,
-        rdzv_endpoint=f"{plan.master_addr}:{plan.master_port}",
-        rdzv_backend=plan.rdzv_backend,
-        rdzv_configs=rdzv_configs,
-        max_restarts=plan.max_restarts,
-        monitor_interval=0.1,
-        start_method="spawn",
-        # The address rank 0 advertises under c10d; without it torch uses getfqdn(),
-        # which on many hosts resolves to 127.0.1.1 or a management network.
-        local_addr=plan.master_addr,
-        logs_specs=(specs := _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks)),
-        log_line_prefix_template=line_prefix(plan) if prefix else None,
-        # Workers get SIGTERM first; a job being torn down must not wait 30 s for SIGKILL.
-        shutdown_timeout=STOP_GRACE_S,
-    )
+    specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)
+    config = _launch_config(plan, specs, prefix)
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -151,10 +141,13 @@ def run_per_node(
     from . import agreement
     from .watchdog import JobWatchdog
 
-    # Held until the launch returns: torch's static rendezvous serves through it.
-    master_store = agreement.check(plan, plan.rdzv_timeout) if plan.nnodes > 1 else None  # noqa: F841
+    # Held until the launch returns: torch's static rendezvous serves through it. Under torch's
+    # c10d rendezvous the store is that rendezvous' host's, so nodes compare plans there.
+    master_store = agreement.check(plan, plan.rdzv_timeout) if plan.nnodes > 1 and plan.watched and plan.rdzv_backend == "static" else None  # noqa: F841
     started = _process_start()
-    watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, startup_s=time.time() - started).start()
+    watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, startup_s=time.time() - started)
+    if plan.watched:
+        watchdog.start()
     preempted = _forward_preemption_to_children()
     failure: WorkersFailed | None = None
     try:
@@ -204,6 +197,44 @@ def run_per_node(
             summary.write_json(summary_json)
     if failure is not None:
         raise failure
+
+
+def _launch_config(plan: Plan, specs, prefix: bool):  # type: ignore[no-untyped-def]
+    """torch's LaunchConfig for this node: hpctorch's choices, then torchrun's agent options as given."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    if plan.rdzv_backend == "static":
+        rdzv_configs: dict[str, object] = {"rank": plan.node_rank, "timeout": plan.rdzv_timeout}
+    else:
+        rdzv_configs = {"join_timeout": plan.rdzv_timeout}
+    rdzv_configs.update(plan.rdzv_conf)
+    settings: dict[str, object] = dict(
+        min_nodes=plan.min_nodes or plan.nnodes,
+        max_nodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node[plan.node_rank],
+        run_id=plan.run_id,
+        role=ROLE,
+        rdzv_endpoint=f"{plan.master_addr}:{plan.master_port}",
+        rdzv_backend=plan.rdzv_backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=plan.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        # This node's address in torch's rendezvous (its own on the chosen interface); without
+        # it torch uses getfqdn(), which on many hosts resolves to 127.0.1.1 or a management network.
+        local_addr=plan.local_addr or plan.master_addr,
+        logs_specs=specs,
+        log_line_prefix_template=line_prefix(plan) if prefix else None,
+        # Workers get SIGTERM first; a job being torn down must not wait 30 s for SIGKILL.
+        shutdown_timeout=STOP_GRACE_S,
+    )
+    agent = {k: v for k, v in plan.agent.items() if k != "logs_specs"}
+    if agent.get("numa_options"):
+        from torch.numa.binding import AffinityMode, NumaOptions
+
+        agent["numa_options"] = NumaOptions(affinity_mode=AffinityMode(agent["numa_options"]))
+    settings.update(agent)
+    return LaunchConfig(**settings)
 
 
 def _process_start() -> float:
@@ -262,7 +293,8 @@ def run_agent_from_env() -> int:
     console = output.get("console_ranks")
     try:
         run_per_node(plan, log_dir=log_dir, prefix=output.get("prefix", True), console_ranks=set(console) if console is not None else None,
-                     quiet=output.get("quiet", False), summary_json=output.get("summary_json"))
+                     quiet=output.get("quiet", False), summary_json=output.get("summary_json"),
+                     local_ranks=set(output["local_ranks"]) if output.get("local_ranks") is not None else None)
     except (HpctorchError, WorkersFailed) as exc:
         print(f"hpctorch node {plan.node_rank}: {exc}", file=sys.stderr, flush=True)
         return getattr(exc, "exit_code", 2)
@@ -279,14 +311,15 @@ def _stop(processes: Sequence[subprocess.Popen], sig: int) -> None:
 
 
 def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None,
-                  quiet: bool = False, summary_json: str | None = None) -> None:
+                  quiet: bool = False, summary_json: str | None = None, local_ranks: set[int] | None = None) -> None:
     """One agent process per simulated node; when one fails, stop them all."""
     agents = []
     for node_plan in plan.node_plans:
         env = dict(os.environ)
         env[PLAN_ENV] = json.dumps(node_plan.to_dict())
         env[OUTPUT_ENV] = json.dumps({"prefix": prefix, "console_ranks": sorted(console_ranks) if console_ranks is not None else None,
-                                      "quiet": quiet, "summary_json": summary_json if node_plan.is_master else None})
+                                      "quiet": quiet, "summary_json": summary_json if node_plan.is_master else None,
+                                      "local_ranks": sorted(local_ranks) if local_ranks is not None else None})
         if log_dir:
             env["HPCTORCH_AGENT_LOG_DIR"] = os.path.join(log_dir, f"node{node_plan.node_rank}")
         # Each agent leads its own process group, so stopping it reaches its workers too.

@@ -67,7 +67,7 @@ def locate(
 ) -> Master:
     """The master address, the interface this node talks on, and the exchange file if any."""
     given = options.master_addr or allocation.master_addr
-    given_why = "--master-addr" if options.master_addr else f"from {allocation.scheduler} ({allocation.sources.get('master_addr', 'MASTER_ADDR')})"
+    given_why = options.master_flag if options.master_addr else f"from {allocation.scheduler} ({allocation.sources.get('master_addr', 'MASTER_ADDR')})"
     iface_asked = choices.asked(nnodes)
     if nnodes == 1 and not iface_asked:
         lo = network.loopback(facts.interfaces)

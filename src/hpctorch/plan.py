@@ -44,6 +44,16 @@ class Options:
     cpu_bind: str | None = None
     standalone: bool = False
     command: tuple[str, ...] = ()
+    min_nodes: int | None = None
+    """``--nnodes MIN:MAX``: the fewest nodes torch's c10d rendezvous may start with."""
+    rdzv_backend: str | None = None
+    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
+    agent: Mapping[str, object] = field(default_factory=dict)
+    """LaunchConfig fields the user set with torchrun's agent options (``torchrun_cli.AGENT``)."""
+    local_rank_arg: str | None = None
+    """Also pass the local rank as ``SPELLING=N`` (torch.distributed.launch's scripts)."""
+    master_flag: str = "--master-addr"
+    """The flag the master address and port came from (``--rdzv-endpoint`` too), for the reasons."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,19 @@ class Plan:
     """The scheduler's requeue command (the job id appended); empty when it has none."""
     container: str | None = None
     """The container runtime hpctorch runs in, if any (shown; it changes nothing)."""
+    min_nodes: int | None = None
+    """Elastic (``--nnodes MIN:MAX``): torch's c10d rendezvous starts with MIN to ``nnodes`` nodes."""
+    node_rank_known: bool = True
+    """False under torch's c10d rendezvous without a scheduler: torch numbers the nodes."""
+    local_addr: str | None = None
+    """This node's address on the chosen interface (what torch's c10d rendezvous advertises)."""
+    agent: Mapping[str, object] = field(default_factory=dict)
+    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def watched(self) -> bool:
+        """hpctorch's agreement check and watchdog run: every node known by its rank, the node count fixed."""
+        return self.node_rank_known and self.min_nodes is None
 
     @property
     def nnodes(self) -> int:
@@ -112,7 +135,7 @@ class Plan:
 
     @property
     def is_master(self) -> bool:
-        return self.node_rank == 0
+        return self.node_rank == 0 and self.node_rank_known
 
     def to_dict(self) -> dict:
         data = asdict(self)

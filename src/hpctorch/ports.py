@@ -16,9 +16,10 @@ from .plan import Options
 def master_port(allocation: Allocation, options: Options, facts: HostFacts, nnodes: int, world_size: int, mode: str,
                 reasons: dict[str, str]) -> int:
     if options.master_port is not None:
+        flag = "--rdzv-endpoint" if options.master_flag == "--rdzv-endpoint" else "--master-port"
         if not 0 < options.master_port < 65536:
-            raise HpctorchError(f"--master-port {options.master_port} is not a TCP port", "give a port in 1..65535")
-        reasons["master_port"] = "--master-port"
+            raise HpctorchError(f"{flag} port {options.master_port} is not a TCP port", "give a port in 1..65535")
+        reasons["master_port"] = flag
         return options.master_port
     if allocation.master_port is not None:
         reasons["master_port"] = f"from {allocation.scheduler} ({allocation.sources.get('master_port', 'MASTER_PORT')})"

@@ -21,17 +21,28 @@ def _master(plan: Plan) -> str:
     return "(decided on each node once relaunched)"
 
 
+def _counts(plan: Plan) -> tuple[str, str, str]:
+    """(node count, this node's rank, world size) as words: torch may settle them at the rendezvous."""
+    sizes = sorted(set(plan.nproc_per_node))
+    per = sizes[0]
+    nodes = f"{plan.min_nodes}-{plan.nnodes}" if plan.min_nodes else str(plan.nnodes)
+    world = f"{plan.min_nodes * per}-{plan.world_size}" if plan.min_nodes and len(sizes) == 1 else str(plan.world_size)
+    rank = str(plan.node_rank) if plan.node_rank_known else "?"
+    return nodes, rank, world
+
+
 def table(plan: Plan, explain: bool = False) -> str:
     port = str(plan.master_port) if plan.master_port else "(a free port bound at start)"
     nodes = hostlist.compress(plan.nodes) if plan.nodes else "(not named by the launcher)"
     sizes = sorted(set(plan.nproc_per_node))
     per_node = str(sizes[0]) if len(sizes) == 1 else ",".join(map(str, plan.nproc_per_node))
+    count, rank, world = _counts(plan)
     rows = [
         ("scheduler", plan.scheduler + (f" job {plan.job_id}" if plan.job_id else ""), "scheduler"),
         ("mode", plan.mode + (" (simulated nodes)" if plan.simulated else ""), "mode"),
-        ("nodes", f"{plan.nnodes}: {nodes}", "nodes"),
-        ("node rank", f"{plan.node_rank} of {plan.nnodes}", "node_rank"),
-        ("processes", f"{per_node} per node, world size {plan.world_size}", "nproc_per_node"),
+        ("nodes", f"{count}: {nodes}", "nodes"),
+        ("node rank", f"{rank} of {count}", "node_rank"),
+        ("processes", f"{per_node} per node, world size {world}", "nproc_per_node"),
         ("master", _master(plan), "master_addr"),
         ("port", port, "master_port"),
         ("interface", plan.iface or "(left to torch)", "iface"),
@@ -66,9 +77,12 @@ def table(plan: Plan, explain: bool = False) -> str:
     if plan.mode == "per-node" and plan.workers:
         lines.append(f"torch's elastic agent sets each worker's {', '.join(TORCH_AGENT_VARS)}")
     lines.append(f"workers on this machine ({len(plan.workers)}):")
+    if plan.agent:
+        lines.append("torch's agent, as torchrun's options set it: " + ", ".join(f"{k}={v}" for k, v in sorted(plan.agent.items())))
     for worker in plan.workers:
         own = " ".join(f"{k}={v}" for k, v in sorted(worker.env.items()) if plan.common_env.get(k) != v)
-        lines.append(f"  rank {worker.rank} (local {worker.local_rank}): {own or '(nothing more)'}")
+        rank = worker.rank if plan.node_rank_known else "?"
+        lines.append(f"  rank {rank} (local {worker.local_rank}): {own or '(nothing more)'}")
     return "\n".join(lines)
 
 
@@ -85,7 +99,8 @@ def banner(plan: Plan) -> str:
     sizes = sorted(set(plan.nproc_per_node))
     per_node = str(sizes[0]) if len(sizes) == 1 else ",".join(map(str, plan.nproc_per_node))
     job = f"{plan.scheduler} job {plan.job_id}" if plan.job_id else plan.scheduler
-    lines = [f"hpctorch: {plan.nnodes} node(s) ({nodes}) x {per_node} = world size {plan.world_size}, {job}"]
+    count, _, world = _counts(plan)
+    lines = [f"hpctorch: {count} node(s) ({nodes}) x {per_node} = world size {world}, {job}"]
     port = str(plan.master_port) if plan.master_port else "(free port)"
     rows = [
         ("mode", plan.mode + (" (simulated nodes)" if plan.simulated else ""), plan.reasons.get("mode", "")),

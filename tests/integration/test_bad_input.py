@@ -29,7 +29,8 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "--iface", "nosuch0", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT), ("nosuch0", "lo (127.0.0.1/8")),
         (("run", "--nnodes", "2", SCRIPT), ("--nnodes 2", "--node-rank")),
         (("run", "missing_script.py"), ("missing_script.py", "not found")),
-        (("run", "--nnodes", "1:4", SCRIPT), ("elastic",)),
+        (("run", "--nnodes", "1:4", SCRIPT), ("--nnodes 1:4", "--rdzv-backend c10d")),
+        (("run", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:x", SCRIPT), ("--rdzv-endpoint 'head:x'",)),
         (("run", "--nproc-per-node", "0", SCRIPT), ("starts nothing",)),
         # Checked before the plan is printed or anything starts: the only line is the error.
         (("run", "--console-ranks", "zero", SCRIPT), ("--console-ranks 'zero'",)),
