@@ -33,6 +33,8 @@ class HostFacts:
     """Settings from the config files, by origin (``config.load``)."""
     container: str | None = None
     """The container runtime this process runs in (``containers.detect``), if any."""
+    can_bind: bool = True
+    """The platform can bind a process to CPUs (Linux's sched_setaffinity; not macOS or Windows)."""
 
 
 def resolve(host: str) -> tuple[str, ...]:
@@ -65,4 +67,5 @@ def gather(env: Mapping[str, str] | None = None, resolve_hosts: Iterable[str] = 
         spare_port=network.free_port(),
         resolved={host: resolve(host) for host in resolve_hosts},
         container=containers.detect(env),
+        can_bind=hasattr(os, "sched_setaffinity"),
     )

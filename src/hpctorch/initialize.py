@@ -17,7 +17,7 @@ _PREEMPTED = threading.Event()
 
 def _watch_preemption() -> None:
     """Flag SIGUSR1/SIGUSR2 instead of dying of them, unless the script handles them."""
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+    for sig in (getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name)):
         if signal.getsignal(sig) in (signal.SIG_DFL, None):
             signal.signal(sig, lambda _signum, _frame: _PREEMPTED.set())
 

@@ -245,7 +245,8 @@ def _process_start() -> float:
     return psutil.Process().create_time()
 
 
-PREEMPT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+# Slurm's --signal and LSF's -wa send these; Windows has neither.
+PREEMPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name))
 
 
 def _forward_preemption_to_children() -> list[int]:
@@ -305,7 +306,7 @@ def _stop(processes: Sequence[subprocess.Popen], sig: int) -> None:
     for process in processes:
         if process.poll() is None:
             try:
-                os.killpg(process.pid, sig)
+                os.killpg(process.pid, sig) if hasattr(os, "killpg") else process.send_signal(sig)
             except ProcessLookupError:
                 pass
 

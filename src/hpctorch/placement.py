@@ -34,12 +34,14 @@ def topology(facts: HostFacts) -> affinity.CpuTopology:
     return facts.topology or affinity.CpuTopology(tuple(range(facts.cpus)), online=facts.cpus)
 
 
-def _bind_mode(requested: str | None, workers: int) -> str:
-    if requested:
-        if requested not in affinity.BIND_MODES:
-            raise HpctorchError(f"--cpu-bind {requested!r} is not one of {', '.join(affinity.BIND_MODES)}", "give none, cores or numa")
-        return requested
-    return "cores" if workers > 1 else "none"
+def _bind_mode(requested: str | None, workers: int, facts: HostFacts, reasons: dict[str, str]) -> str:
+    if requested and requested not in affinity.BIND_MODES:
+        raise HpctorchError(f"--cpu-bind {requested!r} is not one of {', '.join(affinity.BIND_MODES)}", "give none, cores or numa")
+    mode = requested or ("cores" if workers > 1 else "none")
+    if mode != "none" and not facts.can_bind:
+        reasons["cpu_bind"] = "none: this platform cannot bind processes to CPUs (no sched_setaffinity: macOS, Windows)"
+        return "none"
+    return mode
 
 
 def _describe_gpus(facts: HostFacts) -> str:
@@ -69,7 +71,7 @@ def per_node(facts: HostFacts, workers: int, gpus_per_proc: int | None, cpu_bind
         devices = [()] * workers
         numa = [None] * workers
     topo = topology(facts)
-    mode = _bind_mode(cpu_bind, workers)
+    mode = _bind_mode(cpu_bind, workers, facts, reasons)
     cpus = affinity.split(topo, workers, numa, mode)
     if mode != "none":
         by = "each GPU's NUMA node" if numa and all(n is not None for n in numa) else "core order"
@@ -78,7 +80,7 @@ def per_node(facts: HostFacts, workers: int, gpus_per_proc: int | None, cpu_bind
         else:
             reasons["cpu_bind"] = f"cores: {len(topo.allowed)} allowed CPUs split among {workers} workers by {by}"
     else:
-        reasons["cpu_bind"] = "none" + (" (one worker)" if workers == 1 and not cpu_bind else "")
+        reasons.setdefault("cpu_bind", "none" + (" (one worker)" if workers == 1 and not cpu_bind else ""))
     return Placement(tuple(devices), cpus, tuple(affinity.threads(c, topo, workers) for c in cpus))
 
 
@@ -105,7 +107,7 @@ def per_task(facts: HostFacts, local_rank: int, local_tasks: int, gpus_per_proc:
     elif gpus_per_proc is not None:
         raise HpctorchError(f"--gpus-per-proc {gpus_per_proc} but no GPU is visible to this task", "drop --gpus-per-proc, or ask for GPUs")
     topo = topology(facts)
-    mode = _bind_mode(cpu_bind, local_tasks)
+    mode = _bind_mode(cpu_bind, local_tasks, facts, reasons)
     cpus: tuple[int, ...] = ()
     if mode != "none" and len(topo.allowed) < topo.online and not cpu_bind:  # srun/mpirun --cpu-bind did it
         reasons["cpu_bind"] = f"left as the launcher bound it ({affinity.format_cpulist(topo.allowed)})"
@@ -118,7 +120,7 @@ def per_task(facts: HostFacts, local_rank: int, local_tasks: int, gpus_per_proc:
         cpus = shares[local_rank] if local_rank < len(shares) else ()
         reasons["cpu_bind"] = f"{mode}: this task's share of {len(topo.allowed)} CPUs among {local_tasks} local tasks"
     else:
-        reasons["cpu_bind"] = "none"
+        reasons.setdefault("cpu_bind", "none")
     launcher_bound = len(topo.allowed) < topo.online
     threads = affinity.threads(cpus or (topo.allowed if launcher_bound else ()), topo, local_tasks)
     return Placement((devices,), (cpus,), (threads,), override)
