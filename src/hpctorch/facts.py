@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -33,6 +34,8 @@ class HostFacts:
     """Settings from the config files, by origin (``config.load``)."""
     container: str | None = None
     """The container runtime this process runs in (``containers.detect``), if any."""
+    platform: str = "linux"
+    """``sys.platform``: win32 needs torch's TCPStore without libuv."""
     can_bind: bool = True
     """The platform can bind a process to CPUs (Linux's sched_setaffinity; not macOS or Windows)."""
 
@@ -68,4 +71,5 @@ def gather(env: Mapping[str, str] | None = None, resolve_hosts: Iterable[str] = 
         resolved={host: resolve(host) for host in resolve_hosts},
         container=containers.detect(env),
         can_bind=hasattr(os, "sched_setaffinity"),
+        platform=sys.platform,
     )

@@ -40,6 +40,10 @@ def common_env(
         reasons["OMP_NUM_THREADS"] = f"{facts.cpus} usable CPUs shared by {local_workers} local process(es)"
         if any(where.cpus):
             reasons["OMP_NUM_THREADS"] += "; each worker: the CPUs it is bound to"
+    if facts.platform == "win32" and "USE_LIBUV" not in facts.env:
+        # torch >= 2.4 asks for a libuv TCPStore, which its Windows builds lack.
+        env["USE_LIBUV"] = "0"
+        reasons["USE_LIBUV"] = "Windows: torch's TCPStore there is built without libuv"
     env["HPCTORCH_SCHEDULER"] = allocation.scheduler
     if allocation.job_id:
         env["HPCTORCH_JOB_ID"] = allocation.job_id

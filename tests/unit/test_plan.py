@@ -197,3 +197,11 @@ def test_restarts_across_nodes_are_refused_in_one_line() -> None:
     with pytest.raises(HpctorchError, match="--max-restarts 2 on 2 nodes"):
         make_plan(local(), Options(nnodes=2, node_rank=0, master_port=1, max_restarts=2, command=PY), facts())
     assert make_plan(local(), Options(max_restarts=2, command=PY), facts()).max_restarts == 2  # one node restarts fine
+
+
+def test_windows_gets_a_tcpstore_without_libuv_unless_the_user_chose() -> None:
+    plan = make_plan(local(), Options(command=PY), facts(platform="win32"))
+    assert plan.common_env["USE_LIBUV"] == "0" and "libuv" in plan.reasons["USE_LIBUV"]
+    assert "USE_LIBUV" not in make_plan(local(), Options(command=PY), facts()).common_env
+    kept = make_plan(local(), Options(command=PY), facts(platform="win32", env={"USE_LIBUV": "1"}))
+    assert "USE_LIBUV" not in kept.common_env  # the user's own variable reaches the workers as it is
