@@ -83,6 +83,12 @@ def locate(
         return Master(given, network.loopback(facts.interfaces), None)
 
     named = _names_node_0(given, given_why, nodes)
+    if given and nodes and options.master_flag == "--rdzv-endpoint" and not named and not is_ip(given) and not _is_loopback(given):
+        raise HpctorchError(
+            f"--rdzv-endpoint {given} is not one of this job's nodes ({', '.join(nodes[:4])}{', ...' if len(nodes) > 4 else ''})",
+            "give the first node of the job (scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1), or leave "
+            "--rdzv-endpoint out: hpctorch finds the master",
+        )
     if named:
         given = None  # its address is found as for any master host name: fabric, exchange
     # Some sites name each node's fabric address with a suffix (JSC: jwb0001 -> jwb0001i).

@@ -134,3 +134,14 @@ def test_a_master_name_that_is_another_node_of_the_job_is_refused() -> None:
     env = {**hook(load_env("slurm/srun_2x1_rank1.env")), "MASTER_ADDR": "node2"}
     with pytest.raises(HpctorchError, match="is node 1 of the job, but rank 0 runs on node1"):
         make_plan(detect(env), Options(command=("x",)), facts(resolved={"node1": ("198.18.0.1",)}))
+
+
+def test_an_endpoint_outside_the_job_is_refused() -> None:
+    allocation = detect(load_env("slurm/srun_2x1_rank1.env"))
+    options = Options(master_addr="login01", master_port=29500, master_flag="--rdzv-endpoint", rdzv_backend="c10d", command=("x",))
+    with pytest.raises(HpctorchError, match="--rdzv-endpoint login01 is not one of this job's nodes"):
+        make_plan(allocation, options, facts(resolved={"node1": ("198.18.0.1",)}))
+    inside = make_plan(allocation, Options(master_addr="node1", master_port=29500, master_flag="--rdzv-endpoint", rdzv_backend="c10d",
+                                           command=("x",)), facts(resolved={"node1": ("198.18.0.1",)}))
+    assert (inside.master_addr, inside.master_port, inside.rdzv_backend) == ("198.18.0.1", 29500, "c10d")
+    assert inside.reasons["master_port"] == "--rdzv-endpoint"
