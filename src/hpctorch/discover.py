@@ -77,4 +77,7 @@ def plan_here(options: Options, env: Mapping[str, str], exchange: bool = True) -
         return plan
     address = rendezvous.read_master(plan)
     sources = {**allocation.sources, "master_addr": f"{plan.master_exchange}, written by node 0"}
-    return make_plan(replace(allocation, master_addr=address, sources=sources), options, facts, choices)
+    # A master given by name (the flag or a wrapper's MASTER_ADDR) named node 0: its address is this one.
+    final = make_plan(replace(allocation, master_addr=address, sources=sources), replace(options, master_addr=None), facts, choices)
+    assert final.master_addr is not None
+    return final

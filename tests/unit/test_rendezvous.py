@@ -79,3 +79,17 @@ def test_a_file_from_a_previous_run_on_another_master_host_is_ignored(tmp_path: 
         read_master(other)
     path.write_text(json.dumps({"run_id": other.run_id, "addr": "198.18.0.1", "host": "node1.cluster.example"}))
     assert read_master(other) == "198.18.0.1"
+
+
+def test_a_master_flag_naming_node_0_is_replaced_by_the_exchanged_address(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctorch import discover
+
+    env = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_JOB_NODELIST": "node[1-2]",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "SLURM_NODEID": "1",
+           "SLURM_LOCALID": "0", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    host = facts(interfaces=(LO, MGMT, iface("hsn0", "198.18.0.2/24")), resolved=TRAP, env=env)
+    monkeypatch.setattr(discover, "gather", lambda *_a, **_k: host)
+    master, _ = plans(tmp_path)
+    write_master(master)  # node 0's record, for the same run id
+    final = discover.plan_here(Options(master_addr="node1", nproc_per_node=1, rdzv_timeout=5, command=("x",)), env)
+    assert final.master_addr == "198.18.0.1" and final.master_exchange is None
