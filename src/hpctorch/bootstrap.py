@@ -87,6 +87,14 @@ def mpi_exchange(allocation: Allocation, iface: str | None, timeout_s: float) ->
         fix = "pip install 'hpctorch[mpi]' (mpi4py built for this MPI)" if "mpi4py" in err else "check the MPI installation"
         raise HpctorchError(f"{allocation.scheduler} names no nodes and the mpi4py bootstrap failed: {detail}", fix + ", or give --master-addr/--node-rank")
     answer = json.loads(out.strip().splitlines()[-1])
+    if answer.get("size", 0) == 1 and allocation.ntasks > 1:
+        # Never a silent world of one: each task would run a job of its own.
+        raise HpctorchError(
+            f"{allocation.scheduler} started {allocation.ntasks} tasks ({allocation.sources.get('tasks_per_node', '')}), but "
+            f"MPI in this task sees a world of 1: mpi4py loaded {answer.get('library', 'another MPI')!r}, not the MPI of the launcher",
+            "point mpi4py at the launcher's MPI (MPI4PY_LIBMPI=libmpich.so.12 for MPICH, or pip install --no-binary mpi4py "
+            "mpi4py with that MPI's mpicc first on PATH)",
+        )
     if answer["rank"] != allocation.task_rank:
         raise HpctorchError(
             f"the bootstrap ran as MPI rank {answer['rank']}, but {allocation.sources.get('task_rank')} says {allocation.task_rank}",
@@ -108,7 +116,8 @@ def _child(iface: str) -> None:
     records = comm.allgather((socket.gethostname(), address))
     port = free_port(address or "0.0.0.0") if rank == 0 else 0
     port = comm.bcast(port, root=0)
-    sys.stdout.write(json.dumps({"rank": rank, "records": records, "port": port}) + "\n")
+    library = MPI.Get_library_version().strip().splitlines()[0] if MPI.Get_library_version().strip() else "?"
+    sys.stdout.write(json.dumps({"rank": rank, "size": comm.Get_size(), "library": library, "records": records, "port": port}) + "\n")
     sys.stdout.flush()
     MPI.Finalize()
 

@@ -162,7 +162,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         max_restarts=options.max_restarts, reasons=reasons, sources=sources, command=options.command,
         master_exchange=where_master.exchange, agreement_dir=ports.agreement_dir(allocation, options, nodes),
         requeue=allocation.launcher.requeue, container=facts.container, min_nodes=options.min_nodes,
-        node_rank_known=known, agent=dict(options.agent), rdzv_conf=dict(options.rdzv_conf),
+        node_rank_known=known, agent=dict(options.agent), rdzv_conf=_rdzv_conf(options, facts, rdzv_backend, where_master.address),
         local_addr=(where_master.iface.address if where_master.iface and nnodes > 1 else where_master.address),
     )
     if mode == "unchanged":
@@ -205,6 +205,18 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
             for local in range(count)
         )
     return Plan(iface=where_master.iface.name if where_master.iface else None, workers=workers, common_env=env, **common)  # type: ignore[arg-type]
+
+
+def _rdzv_conf(options: Options, facts: HostFacts, backend: str, master: str | None) -> dict[str, str]:
+    """torchrun's --rdzv-conf, and whether this node hosts torch's c10d store: torch guesses it
+    from what this host's *name* resolves to, which is the trap of a name on another network
+    (and never true for an address on a second interface), so hpctorch says it."""
+    conf = dict(options.rdzv_conf)
+    if backend == "c10d" and master and "is_host" not in conf:
+        own = {str(a.ip) for i in facts.interfaces if not i.is_loopback for a in i.ipv4 + i.ipv6}  # type: ignore[operator]
+        if master in own:  # on loopback torch's guess serves, with its fall-back to a client
+            conf["is_host"] = "true"
+    return conf
 
 
 def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:

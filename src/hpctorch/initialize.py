@@ -57,15 +57,31 @@ class Context:
             dist.destroy_process_group()
 
 
-def prepare_env() -> None:
-    """Set torch's variables for this process from the detected allocation, if missing."""
+def prepare_env() -> dict[str, str]:
+    """Set torch's variables for this process from the detected allocation, if missing;
+    returns what was set."""
     if all(os.environ.get(k) for k in TORCH_CONTRACT):
-        return
+        return {}
     from .discover import plan_here
     from .plan import Options
 
     plan = plan_here(Options(mode="per-task"), os.environ)
+    added = {k: v for k, v in plan.workers[0].env.items() if k not in os.environ}
     os.environ.update(plan.workers[0].env)
+    return added
+
+
+def _apply_binding(added: dict[str, str]) -> None:
+    """What the plan claims for this process, applied here (the script is already running,
+    so environment variables alone would come too late): its CPUs and its thread count."""
+    if added.get("HPCTORCH_CPUS") and hasattr(os, "sched_setaffinity"):
+        from .cpulist import parse_cpulist
+
+        os.sched_setaffinity(0, parse_cpulist(added["HPCTORCH_CPUS"]))
+    if added.get("OMP_NUM_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(added["OMP_NUM_THREADS"]))
 
 
 def init(backend: str | None = None, timeout_s: float = DEFAULT_RDZV_TIMEOUT_S) -> Context:
@@ -75,7 +91,7 @@ def init(backend: str | None = None, timeout_s: float = DEFAULT_RDZV_TIMEOUT_S) 
     every rank (srun, mpirun), and as plain ``python script.py`` (a world of one).
     The backend is nccl when CUDA is available, else gloo.
     """
-    prepare_env()
+    _apply_binding(prepare_env())
     if threading.current_thread() is threading.main_thread():
         _watch_preemption()
     import torch

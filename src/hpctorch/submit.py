@@ -154,7 +154,8 @@ def render(request: JobRequest, scheduler: str, template: str | None = None, pyt
         "nproc": str(nproc or "one per GPU (or 1)"),
         "time_slurm": _hms(request.time_s),
         "time_hms": _hms(request.time_s),
-        "time_hm": f"{request.time_s // 3600}:{math.ceil(request.time_s % 3600 / 60):02d}",
+        # Whole minutes, rounded up before splitting: 59:30 is 1:00, not 0:60.
+        "time_hm": f"{math.ceil(request.time_s / 60) // 60}:{math.ceil(request.time_s / 60) % 60:02d}",
         "time_minutes": str(math.ceil(request.time_s / 60)),
         "output": output,
         "directives": "\n".join(_directives(request, scheduler, output)),

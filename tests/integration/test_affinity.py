@@ -48,3 +48,21 @@ def test_the_users_omp_num_threads_is_kept() -> None:
     done = hpctorch("run", "--nproc-per-node", "2", SCRIPT, env=clean_env(OMP_NUM_THREADS="7"), timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [r["omp"] for r in _reports(done.stdout)] == ["7", "7"]
+
+
+def test_init_applies_the_binding_it_plans() -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    require(shutil.which("mpirun") is not None, "mpirun is not installed")
+    require(len(os.sched_getaffinity(0)) >= 2, "needs 2 CPUs to split")
+    script = str(ROOT / "tests" / "fixtures" / "init_affinity.py")
+    done = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, script],
+                          capture_output=True, text=True, env=clean_env(), timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    reports = _reports(done.stdout)
+    assert [r["rank"] for r in reports] == [0, 1]
+    for report in reports:
+        assert report["planned"] and report["allowed"] == report["planned"], report  # applied, not only claimed
+        assert report["threads"] == int(report["omp"]) == len(_cpus(report["allowed"])), report

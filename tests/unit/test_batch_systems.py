@@ -26,9 +26,19 @@ def test_pbs_under_pbsdsh_one_per_node(tmp_path: Path) -> None:
     nodefile = slot_file(tmp_path, "nodefile", ["n01"] * 4 + ["n02"] * 4)
     a = detect({"PBS_JOBID": "4242.pbs01", "PBS_NODEFILE": nodefile, "PBS_NODENUM": "1", "PBS_O_WORKDIR": "/home/u/run"})
     assert (a.scheduler, a.nodes, a.tasks_per_node, a.node_rank, a.slots_per_node, a.submit_dir) == (
-        "pbs", ("n01", "n02"), (1, 1), 1, (4, 4), "/home/u/run")
-    plan = make_plan(a, Options(command=("x",)), facts(resolved={"n01": ("198.18.0.1",)}))
+        "pbs", ("n01", "n02"), (1, 1), 1, None, "/home/u/run")
+    # PBS_NODEFILE's lines are CPUs (mpiprocs, ppn), not workers: one per visible GPU.
+    plan = make_plan(a, Options(command=("x",)), facts(resolved={"n01": ("198.18.0.1",)}, gpus=("0", "1", "2", "3")))
     assert (plan.mode, plan.world_size, [w.rank for w in plan.workers]) == ("per-node", 8, [4, 5, 6, 7])
+
+
+def test_pbs_slots_are_cpus_not_workers(tmp_path: Path) -> None:
+    torque = slot_file(tmp_path, "torque", ["n01"] * 32)  # -l nodes=1:ppn=32
+    one = detect({"PBS_JOBID": "5.torque", "PBS_NODEFILE": torque})
+    assert make_plan(one, Options(command=("x",)), facts()).nproc_per_node == (1,)  # not 32
+    pro = slot_file(tmp_path, "pro", ["x3001c0s1b0n0"])  # -l select=1:ncpus=64:ngpus=4, mpiprocs=1
+    gpus = detect({"PBS_JOBID": "6.polaris", "PBS_NODEFILE": pro})
+    assert make_plan(gpus, Options(command=("x",)), facts(gpus=("0", "1", "2", "3"))).nproc_per_node == (4,)
 
 
 def test_pbs_job_script_on_several_nodes_says_how_to_launch(tmp_path: Path) -> None:
@@ -50,9 +60,21 @@ def test_lsf_under_jsrun(tmp_path: Path) -> None:
         "lsf", ("h41n01", "h41n02"), (6, 6), 7, 1, 1, True)
 
 
+def test_lsf_leaves_out_the_launch_node(tmp_path: Path) -> None:
+    # As on OLCF Summit: the batch (launch) node first, once; it runs no rank.
+    rankfile = slot_file(tmp_path, "rankfile", ["batch3"] + ["h41n01"] * 6 + ["h41n02"] * 6)
+    env = {"LSB_JOBID": "778", "LSB_DJOB_RANKFILE": rankfile, "JSM_NAMESPACE_RANK": "0", "JSM_NAMESPACE_SIZE": "12",
+           "JSM_NAMESPACE_LOCAL_RANK": "0", "JSM_NAMESPACE_LOCAL_SIZE": "6"}
+    a = detect(env)
+    assert (a.nodes, a.tasks_per_node, a.node_rank) == (("h41n01", "h41n02"), (6, 6), 0)
+    plan = make_plan(a, Options(command=("x",)), facts(hostname="h41n01", resolved={"h41n01": ("198.18.0.1",)}))
+    assert plan.nodes[0] == "h41n01"
+    assert detect({"LSB_JOBID": "9", "LSB_MCPU_HOSTS": "batch1 1 h1 42"}).nodes == ("h1",)
+
+
 def test_lsf_single_node_from_mcpu_hosts() -> None:
     a = detect({"LSB_JOBID": "9", "LSB_MCPU_HOSTS": "h1 4"})
-    assert (a.nodes, a.slots_per_node) == (("h1",), (4,))
+    assert (a.nodes, a.slots_per_node) == (("h1",), None)
     with pytest.raises(HpctorchError, match="jsrun -r 1"):
         detect({"LSB_JOBID": "9", "LSB_MCPU_HOSTS": "h1 4 h2 4"})
 
@@ -67,8 +89,9 @@ def test_flux_run_needs_the_allgather() -> None:
 def test_sge_single_host_and_several(tmp_path: Path) -> None:
     pe = slot_file(tmp_path, "pe", ["h1 8 all.q@h1 UNDEFINED"])
     a = detect({"JOB_ID": "31", "PE_HOSTFILE": pe, "NSLOTS": "8", "SGE_O_WORKDIR": "/w"})
-    assert (a.scheduler, a.nodes, a.slots_per_node) == ("sge", ("h1",), (8,))
-    assert make_plan(a, Options(command=("x",)), facts()).nproc_per_node == (8,)
+    assert (a.scheduler, a.nodes, a.slots_per_node) == ("sge", ("h1",), None)
+    # Slots are CPUs, not workers: one per visible GPU, else one.
+    assert make_plan(a, Options(command=("x",)), facts()).nproc_per_node == (1,)
     pe2 = slot_file(tmp_path, "pe2", ["h1 8 q UNDEFINED", "h2 8 q UNDEFINED"])
     with pytest.raises(HpctorchError, match="qrsh -inherit"):
         detect({"JOB_ID": "31", "PE_HOSTFILE": pe2})

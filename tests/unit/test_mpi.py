@@ -65,3 +65,14 @@ def test_cyclic_mapping_is_refused() -> None:
 def test_inconsistent_mpi_variables() -> None:
     with pytest.raises(HpctorchError, match="OMPI_COMM_WORLD_RANK=4 is out of range"):
         detect(load_env("mpi/openmpi_2x2_rank3.env", OMPI_COMM_WORLD_RANK="4"))
+
+
+def test_hydra_inside_a_slurm_step_is_mpi_and_srun_pmi_is_slurm() -> None:
+    step = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_JOB_NODELIST": "n[1-2]",
+            "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "SLURM_NODEID": "1",
+            "SLURM_LOCALID": "0"}
+    # srun's own PMI: PMI_RANK/PMI_SIZE are the step's.
+    assert detect({**step, "PMI_RANK": "1", "PMI_SIZE": "2"}).scheduler == "slurm"
+    # Hydra's proxies are the step's tasks; the ranks below them have their own PMI values.
+    hydra = detect({**step, "PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"})
+    assert (hydra.scheduler, hydra.task_rank, hydra.tasks_per_node) == ("mpich", 5, (4, 4))

@@ -73,3 +73,9 @@ def test_cli_knows_every_scheduler_submit_knows() -> None:
         assert args.scheduler == name
     with pytest.raises(HpctorchError, match="invalid choice"):
         _parser("submit").parse_args(["submit", "--nodes", "1", "--time", "1", "--scheduler", "nosuch", "t.py"])
+
+
+def test_lsf_wall_time_rounds_up_to_whole_minutes() -> None:
+    text = render(JobRequest(command=("t.py",), nodes=1, time_s=parse_time("59:30")), "lsf", python="/py")
+    assert "#BSUB -W 1:00" in text  # not 0:60
+    assert "#BSUB -W 0:01" in render(JobRequest(command=("t.py",), nodes=1, time_s=1), "lsf", python="/py")

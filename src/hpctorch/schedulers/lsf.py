@@ -1,7 +1,7 @@
 """IBM Spectrum LSF (IBM docs, "Environment variables set for job execution") and
 jsrun (IBM Job Step Manager, JSM_NAMESPACE_* variables, as on OLCF Summit).
 
-Read: LSB_JOBID, LSB_DJOB_RANKFILE (one host per rank, compute hosts only),
+Read: LSB_JOBID, LSB_DJOB_RANKFILE (one host per rank, after the launch node),
 LSB_DJOB_HOSTFILE / LSB_MCPU_HOSTS ("hostA 4 hostB 4"), LS_SUBCWD, and under jsrun
 JSM_NAMESPACE_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE.
 """
@@ -18,17 +18,25 @@ from ._parse import check_rank, env_int
 LAUNCHER = Launcher("lsf", requeue=("brequeue",))
 
 
+def _without_launch_node(hosts: list[str]) -> list[str]:
+    """LSF lists the launch (batch) node first, once; it runs no rank (as on OLCF Summit,
+    where it is batchN; Lightning's LSFEnvironment skips it too)."""
+    if len(set(hosts)) > 1 and hosts.count(hosts[0]) == 1:
+        return hosts[1:]
+    return hosts
+
+
 def _slot_hosts(env: Mapping[str, str]) -> tuple[list[str], str]:
     for variable in ("LSB_DJOB_RANKFILE", "LSB_DJOB_HOSTFILE"):
         if env.get(variable):
-            return read_slot_file(env[variable], variable), variable
+            return _without_launch_node(read_slot_file(env[variable], variable)), variable
     words = env.get("LSB_MCPU_HOSTS", "").split()
     if not words or len(words) % 2:
         raise HpctorchError("an LSF job without LSB_DJOB_RANKFILE, LSB_DJOB_HOSTFILE or a valid LSB_MCPU_HOSTS", "run inside the LSF job")
     hosts: list[str] = []
     for host, count in zip(words[::2], words[1::2]):
         hosts.extend([host] * int(count))
-    return hosts, "LSB_MCPU_HOSTS"
+    return _without_launch_node(hosts), "LSB_MCPU_HOSTS"
 
 
 def detect(env: Mapping[str, str]) -> Allocation | None:
@@ -36,7 +44,8 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
     if not job_id:
         return None
     hosts, origin = _slot_hosts(env)
-    nodes, slots = group_slots(hosts)
+    # Slots are CPUs (job slots), not workers: the worker count comes from the GPUs, as elsewhere.
+    nodes, _ = group_slots(hosts)
     sources = {"job_id": "LSB_JOBID", "nodes": origin}
     rank = env_int(env, "JSM_NAMESPACE_RANK")
     if rank is None:
@@ -46,7 +55,7 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
                 "start one hpctorch per node: 'jsrun -r 1 hpctorch run ...' or 'blaunch ...'",
             )
         return Allocation(launcher=LAUNCHER, nodes=nodes, tasks_per_node=(1,), job_id=job_id, task_rank=0, node_rank=0,
-                          local_task_rank=0, slots_per_node=slots, submit_dir=env.get("LS_SUBCWD"), sources=sources)
+                          local_task_rank=0, submit_dir=env.get("LS_SUBCWD"), sources=sources)
     size = env_int(env, "JSM_NAMESPACE_SIZE", minimum=1) or 1
     local = env_int(env, "JSM_NAMESPACE_LOCAL_RANK")
     local_size = env_int(env, "JSM_NAMESPACE_LOCAL_SIZE", minimum=1) or 1

@@ -3,7 +3,8 @@
 - OpenMPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
   (docs.open-mpi.org/en/v5.0.x/tuning-apps/environment-var.html). Its _NODE_RANK is
   not the node's index, so it is not read.
-- MPICH / Intel MPI (Hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
+- MPICH / Intel MPI (Hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS; inside
+  a Slurm step too, when they are not the step's own (Hydra's proxies started by srun).
 - MVAPICH2: MV2_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE.
 - Cray PALS (mpiexec on HPE Cray EX): PALS_RANKID, PALS_LOCAL_RANKID, PALS_NODEID,
   PMI_SIZE, PMI_LOCAL_SIZE.
@@ -29,11 +30,19 @@ FLAVOURS: tuple[tuple[Launcher, str, str, str, str, str | None], ...] = (
 JOB_ID_VARS = ("PMIX_NAMESPACE", "PALS_APID", "PMI_JOBID")
 
 
+def _mirrors_the_step(env: Mapping[str, str]) -> bool:
+    """srun's PMI gives each task its step rank; Hydra inside a Slurm allocation
+    (``mpiexec -bootstrap slurm``) starts its proxies as the step's tasks, one per node, and
+    the ranks below them carry PMI values of their own."""
+    step_size = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS")
+    return env.get("PMI_RANK") == env.get("SLURM_PROCID") and (step_size is None or env.get("PMI_SIZE") == step_size)
+
+
 def detect(env: Mapping[str, str]) -> Allocation | None:
     for launcher, rank_var, size_var, local_var, local_size_var, node_var in FLAVOURS:
         if env.get(rank_var) is None:
             continue
-        if rank_var == "PMI_RANK" and env.get("SLURM_STEP_ID"):
+        if rank_var == "PMI_RANK" and env.get("SLURM_STEP_ID") and _mirrors_the_step(env):
             return None  # srun's own PMI sets PMI_RANK: the Slurm detector reads the step
         rank = env_int(env, rank_var)
         size = env_int(env, size_var, minimum=1)

@@ -25,8 +25,10 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
     nodefile = env.get("PBS_NODEFILE")
     if not nodefile:
         raise HpctorchError(f"PBS_JOBID={job_id} is set but PBS_NODEFILE is not", "request nodes with -l select=... (or unset the stale PBS_ variables)")
-    nodes, slots = group_slots(read_slot_file(nodefile, "PBS_NODEFILE"))
-    sources = {"job_id": "PBS_JOBID", "nodes": "PBS_NODEFILE", "slots_per_node": "PBS_NODEFILE (lines per host)"}
+    # A line per mpiprocs (PBS Pro) or per ppn CPU (Torque): CPUs, not workers. A one-node
+    # ngpus=4 job plans one worker per visible GPU; ppn=32 does not ask for 32 workers.
+    nodes, _ = group_slots(read_slot_file(nodefile, "PBS_NODEFILE"))
+    sources = {"job_id": "PBS_JOBID", "nodes": "PBS_NODEFILE"}
     node_rank = env_int(env, "PBS_NODENUM")
     if node_rank is not None:  # pbsdsh -u: one task per node
         check_rank("PBS_NODENUM", node_rank, "nodes in PBS_NODEFILE", len(nodes))
@@ -34,7 +36,7 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         return Allocation(
             launcher=LAUNCHER, nodes=nodes, tasks_per_node=(1,) * len(nodes), job_id=job_id,
             task_rank=node_rank, node_rank=node_rank, local_task_rank=0,
-            slots_per_node=slots, submit_dir=env.get("PBS_O_WORKDIR"), sources=sources,
+            submit_dir=env.get("PBS_O_WORKDIR"), sources=sources,
         )
     if len(nodes) > 1:
         raise HpctorchError(
@@ -44,5 +46,5 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         )
     return Allocation(
         launcher=LAUNCHER, nodes=nodes, tasks_per_node=(1,), job_id=job_id, task_rank=0, node_rank=0,
-        local_task_rank=0, slots_per_node=slots, submit_dir=env.get("PBS_O_WORKDIR"), sources=sources,
+        local_task_rank=0, submit_dir=env.get("PBS_O_WORKDIR"), sources=sources,
     )

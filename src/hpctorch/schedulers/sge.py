@@ -8,7 +8,6 @@ from collections.abc import Mapping
 
 from ..allocation import Allocation, Launcher
 from ..errors import HpctorchError
-from ._parse import env_int
 
 LAUNCHER = Launcher("sge")
 
@@ -18,14 +17,12 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
     pe_hostfile = env.get("PE_HOSTFILE")
     if not job_id or not (pe_hostfile or env.get("SGE_TASK_ID") or env.get("SGE_O_WORKDIR")):
         return None  # JOB_ID alone is too common a name to claim
-    if not pe_hostfile:
-        nodes, slots = (), (env_int(env, "NSLOTS", minimum=1) or 1,)
-    else:
+    nodes: tuple[str, ...] = ()
+    if pe_hostfile:
         try:
             with open(pe_hostfile, encoding="utf-8") as listing:
                 rows = [line.split() for line in listing if line.strip()]
-            nodes = tuple(row[0] for row in rows)
-            slots = tuple(int(row[1]) for row in rows)
+            nodes = tuple(row[0] for row in rows if int(row[1]) >= 0)
         except (OSError, IndexError, ValueError):
             raise HpctorchError(f"PE_HOSTFILE={pe_hostfile} cannot be read as 'host slots ...' lines", "run inside the SGE job with a parallel environment (-pe)") from None
     if len(nodes) > 1:
@@ -35,6 +32,6 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         )
     return Allocation(
         launcher=LAUNCHER, nodes=nodes, tasks_per_node=(1,), job_id=job_id, task_rank=0, node_rank=0, local_task_rank=0,
-        slots_per_node=slots if nodes else None, submit_dir=env.get("SGE_O_WORKDIR"),
-        sources={"job_id": "JOB_ID", "nodes": "PE_HOSTFILE", "slots_per_node": "PE_HOSTFILE (slots column)"},
+        submit_dir=env.get("SGE_O_WORKDIR"),  # slots are CPUs, not workers
+        sources={"job_id": "JOB_ID", "nodes": "PE_HOSTFILE"},
     )
