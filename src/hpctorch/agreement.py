@@ -84,11 +84,12 @@ def disagreement_error(lines: list[str]) -> HpctorchError:
     )
 
 
-def open_store(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
+def open_store(plan: Plan, timeout_s: float, serve: bool | None = None):  # type: ignore[no-untyped-def]
+    """The master's store: served here on node 0 (or where ``serve`` says), a client elsewhere."""
     from torch.distributed import TCPStore
 
     return TCPStore(
-        plan.master_addr, plan.master_port, None, plan.is_master,
+        plan.master_addr, plan.master_port, None, plan.is_master if serve is None else serve,
         datetime.timedelta(seconds=timeout_s), wait_for_workers=False, multi_tenant=True,
     )
 

@@ -143,7 +143,13 @@ def run_per_node(
 
     # Held until the launch returns: torch's static rendezvous serves through it. Under torch's
     # c10d rendezvous the store is that rendezvous' host's, so nodes compare plans there.
-    master_store = agreement.check(plan, plan.rdzv_timeout) if plan.nnodes > 1 and plan.watched and plan.rdzv_backend == "static" else None  # noqa: F841
+    master_store = None  # noqa: F841
+    if plan.nnodes > 1 and plan.watched and plan.rdzv_backend == "static":
+        master_store = agreement.check(plan, plan.rdzv_timeout)  # noqa: F841
+    elif plan.rdzv_conf.get("is_host") == "true":
+        # torch's c10d rendezvous serves the store from here; opened first (multi-tenant, torch
+        # reuses it) so it outlives the launch and node 0 can tell every node how the job ended.
+        master_store = agreement.open_store(plan, plan.rdzv_timeout, serve=True)  # noqa: F841
     started = _process_start()
     watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, startup_s=time.time() - started)
     if plan.watched:

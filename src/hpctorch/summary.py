@@ -33,7 +33,9 @@ class Summary:
     def line(self) -> str:
         if self.exit_code == 0:
             where = f"all {len(self.nodes)} node(s) ({_names(self.nodes)})"
-            if len(self.succeeded) != len(self.nodes):
+            if not self.succeeded:
+                where = "this node (the others' state could not be read)"
+            elif len(self.succeeded) != len(self.nodes):
                 others = [self.nodes[n] for n in range(len(self.nodes)) if n not in self.succeeded]
                 where = f"this node; not heard from: {_names(others)}"
             text = f"hpctorch: finished in {self.wall_s:.1f} s, exit 0 on {where}"
