@@ -77,23 +77,13 @@ def plan_scale(data: dict) -> str:
 
 
 def _plot_plan_scale(data: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     nodes = [d["nodes"] for d in data["sizes"]]
-    figure, axis = plt.subplots(figsize=(6, 3.6))
-    axis.loglog(nodes, [d["seconds"] * 1e3 for d in data["sizes"]], "o-", label="time per call, ms")
-    axis.loglog(nodes, [d["peak_bytes"] / 2**20 for d in data["sizes"]], "s-", label="peak memory, MiB")
     scale = data["sizes"][-1]["seconds"] * 1e3 / nodes[-1]
-    axis.loglog(nodes, [n * scale for n in nodes], ":", color="#999", label="linear (through the last point)")
-    axis.set_xlabel("nodes in the allocation")
-    axis.set_title("Allocation + Plan (Slurm, per-task, 2-4 tasks per node)")
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    (HERE / "plots").mkdir(exist_ok=True)
-    figure.savefig(HERE / "plots" / "plan_scale.png", dpi=110)
+    _loglog_plot("plan_scale.png", "nodes in the allocation", "Allocation + Plan (Slurm, per-task, 2-4 tasks per node)", [
+        (nodes, [d["seconds"] * 1e3 for d in data["sizes"]], "o-", "time per call, ms"),
+        (nodes, [d["peak_bytes"] / 2**20 for d in data["sizes"]], "s-", "peak memory, MiB"),
+        (nodes, [n * scale for n in nodes], ":", "linear (through the last point)"),
+    ])
 
 
 def bootstrap(data: dict) -> str:
@@ -132,23 +122,31 @@ def control_plane_scale(data: dict) -> str:
 
 
 def _plot_control_plane(data: dict) -> None:
+    rows = data["rows"]
+    nodes = [r["nodes"] for r in rows]
+    _loglog_plot("control_plane_scale.png", "nodes", "Watchdog load and abort propagation (one TCPStore)", [
+        (nodes, [r["requests_per_s"] for r in rows], "o-", "store requests/s, all nodes"),
+        (nodes, [r["per_node_per_s"] for r in rows], "s-", "store requests/s per node"),
+        (nodes, [r["abort_known_s"] for r in rows], "^-", "abort known by every node, s"),
+    ])
+
+
+def _loglog_plot(name: str, xlabel: str, title: str, lines: list[tuple[list, list, str, str]]) -> None:
+    """One log-log figure of (x, y, style, label) lines, saved under plots/."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = data["rows"]
-    nodes = [r["nodes"] for r in rows]
     figure, axis = plt.subplots(figsize=(6, 3.6))
-    axis.loglog(nodes, [r["requests_per_s"] for r in rows], "o-", label="store requests/s, all nodes")
-    axis.loglog(nodes, [r["per_node_per_s"] for r in rows], "s-", label="store requests/s per node")
-    axis.loglog(nodes, [r["abort_known_s"] for r in rows], "^-", label="abort known by every node, s")
-    axis.set_xlabel("nodes")
-    axis.set_title("Watchdog load and abort propagation (one TCPStore)")
+    for xs, ys, style, label in lines:
+        axis.loglog(xs, ys, style, label=label, **({"color": "#999"} if style == ":" else {}))
+    axis.set_xlabel(xlabel)
+    axis.set_title(title)
     axis.legend(fontsize=8)
     figure.tight_layout()
     (HERE / "plots").mkdir(exist_ok=True)
-    figure.savefig(HERE / "plots" / "control_plane_scale.png", dpi=110)
+    figure.savefig(HERE / "plots" / name, dpi=110)
 
 
 TITLES = {
