@@ -137,8 +137,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         raise HpctorchError(
             f"--max-restarts {options.max_restarts} on {nnodes} nodes: with a static rendezvous only the failing "
             "node would restart its workers and the others would hang",
-            "add --rdzv-backend c10d (torch's dynamic rendezvous restarts every node), or let the scheduler requeue "
-            "the job (--requeue)",
+            "let the scheduler requeue the job (--requeue), or restart on one node",
         )
     nodes = allocation.nodes if len(allocation.nodes) == nnodes else ()
     port = ports.master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)
