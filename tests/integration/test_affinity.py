@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-
 from hpctorch.affinity import parse_cpulist
 
 from ..conftest import ROOT, clean_env, hpctorch, require, unprefixed

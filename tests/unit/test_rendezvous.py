@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from dataclasses import replace
-
 from hpctorch.allocation import Allocation
 from hpctorch.errors import HpctorchError
 from hpctorch import Options, make_plan
