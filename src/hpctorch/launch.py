@@ -142,7 +142,7 @@ def run_per_node(
     from .watchdog import JobWatchdog
 
     # Held until the launch returns: torch's static rendezvous serves through it. Under torch's
-    # c10d rendezvous the store is that rendezvous' host's, so nodes compare plans there.
+    # c10d rendezvous the store is its host's (maybe not node 0): no agreement check there.
     master_store = None  # noqa: F841
     if plan.nnodes > 1 and plan.watched and plan.rdzv_backend == "static":
         master_store = agreement.check(plan, plan.rdzv_timeout)  # noqa: F841
@@ -162,13 +162,13 @@ def run_per_node(
             command = (sys.executable, BIND_WRAPPER, *command)  # each worker its own CPUs and devices
         elastic_launch(config, command[0])(*command[1:])
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        code = failure.exitcode
+        rank, first = exc.get_first_failure()
+        code = first.exitcode
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        where = failure.error_file if os.path.exists(failure.error_file) else (log_dir or "its output above")
+        where = first.error_file if os.path.exists(first.error_file) else (log_dir or "its output above")
         host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes else ""
         node = f" on node {plan.node_rank}{host}" if plan.nnodes > 1 else ""
-        line = f"rank {rank}{node} (local rank {failure.local_rank}) {how}; details: {where}"
+        line = f"rank {rank}{node} (local rank {first.local_rank}) {how}; details: {where}"
         watchdog.report_failure(line)
         _requeue_if_preempted(plan, preempted, requeue)
         failure = WorkersFailed(line, exit_code=128 - code if code < 0 else 1)
