@@ -9,7 +9,7 @@ then execs the worker. Run as a file, it imports only ``hpctorch.cpulist``.
 import os
 import sys
 
-from hpctorch.cpulist import parse_cpulist
+from hpctorch.cpulist import bind_to
 
 
 def main() -> None:
@@ -18,8 +18,7 @@ def main() -> None:
     device_sets = os.environ.get("HPCTORCH_DEVICE_SETS", "").split(";")
     threads = os.environ.get("HPCTORCH_THREAD_COUNTS", "").split(",")
     if rank < len(cpu_sets) and cpu_sets[rank]:
-        if hasattr(os, "sched_setaffinity"):  # Linux only; elsewhere the plan binds nothing
-            os.sched_setaffinity(0, parse_cpulist(cpu_sets[rank]))
+        bind_to(cpu_sets[rank])
         os.environ["HPCTORCH_CPUS"] = cpu_sets[rank]
     if rank < len(device_sets) and device_sets[rank]:
         os.environ["HPCTORCH_DEVICES"] = device_sets[rank]

@@ -3,6 +3,7 @@ wrapper (``_bind.py``) reads it just before each worker starts."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 
@@ -29,3 +30,10 @@ def format_cpulist(cpus: Iterable[int]) -> str:
             parts.append(str(start) if start == previous else f"{start}-{previous}")
         start = previous = cpu
     return ",".join(parts)
+
+
+def bind_to(text: str) -> None:
+    """Bind this process (and what it execs or starts later) to the CPUs in ``text``; a
+    no-op where the platform has no sched_setaffinity (macOS, Windows: the plan says so)."""
+    if text and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, parse_cpulist(text))

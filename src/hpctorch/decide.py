@@ -7,7 +7,7 @@ from dataclasses import replace
 from . import fabric, master, placement, ports, workerenv
 from .allocation import Allocation, Launched
 from .errors import HpctorchError
-from .facts import HostFacts
+from .facts import HostFacts, own_addresses
 from .plan import MODES, Options, Plan, Worker
 
 
@@ -212,8 +212,7 @@ def _rdzv_conf(options: Options, facts: HostFacts, backend: str, master: str | N
     (and never true for an address on a second interface), so hpctorch says it."""
     conf = dict(options.rdzv_conf)
     if backend == "c10d" and master and "is_host" not in conf:
-        own = {str(a.ip) for i in facts.interfaces if not i.is_loopback for a in i.ipv4 + i.ipv6}  # type: ignore[operator]
-        if master in own:  # on loopback torch's guess serves, with its fall-back to a client
+        if master in own_addresses(facts.interfaces, loopback=False):  # on loopback torch's guess serves, with its fall-back to a client
             conf["is_host"] = "true"
     return conf
 

@@ -12,7 +12,7 @@ from . import fabric
 from .allocation import Allocation, Launched
 from .decide import make_plan
 from .errors import HpctorchError
-from .facts import HostFacts, gather, resolve
+from .facts import HostFacts, gather, own_addresses, resolve
 from .plan import Options, Plan
 from .schedulers import detect, hostfile, this_machine
 
@@ -33,7 +33,7 @@ def _from_host_list(options: Options, env: Mapping[str, str]) -> tuple[Allocatio
     # Only the master's name must be resolved; the others only if this host is listed
     # neither by name nor by address (a long host list would cost a lookup per host).
     facts = gather(env, resolve_hosts=names[:1])
-    own = [str(a.ip) for i in facts.interfaces for a in i.ipv4 + i.ipv6]  # type: ignore[operator]
+    own = own_addresses(facts.interfaces)
     try:
         return hostfile.allocation(entries, origin, facts.hostname, own, facts.resolved, run_key), facts
     except HpctorchError:

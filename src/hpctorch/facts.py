@@ -40,6 +40,11 @@ class HostFacts:
     """The platform can bind a process to CPUs (Linux's sched_setaffinity; not macOS or Windows)."""
 
 
+def own_addresses(interfaces: Iterable[network.Interface], loopback: bool = True) -> set[str]:
+    """Every address of this host's interfaces (without loopback's when ``loopback`` is False)."""
+    return {str(a.ip) for i in interfaces if loopback or not i.is_loopback for a in i.ipv4 + i.ipv6}  # type: ignore[operator]
+
+
 def resolve(host: str) -> tuple[str, ...]:
     """Every address ``host`` resolves to here, IPv4 first; empty when it does not."""
     try:

@@ -13,11 +13,13 @@ from .plan import DEFAULT_RDZV_TIMEOUT_S
 
 TORCH_CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _PREEMPTED = threading.Event()
+# Slurm's --signal and LSF's -wa send these; Windows has neither.
+PREEMPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name))
 
 
 def _watch_preemption() -> None:
     """Flag SIGUSR1/SIGUSR2 instead of dying of them, unless the script handles them."""
-    for sig in (getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name)):
+    for sig in PREEMPT_SIGNALS:
         if signal.getsignal(sig) in (signal.SIG_DFL, None):
             signal.signal(sig, lambda _signum, _frame: _PREEMPTED.set())
 
@@ -74,10 +76,9 @@ def prepare_env() -> dict[str, str]:
 def _apply_binding(added: dict[str, str]) -> None:
     """What the plan claims for this process, applied here (the script is already running,
     so environment variables alone would come too late): its CPUs and its thread count."""
-    if added.get("HPCTORCH_CPUS") and hasattr(os, "sched_setaffinity"):
-        from .cpulist import parse_cpulist
+    from .cpulist import bind_to
 
-        os.sched_setaffinity(0, parse_cpulist(added["HPCTORCH_CPUS"]))
+    bind_to(added.get("HPCTORCH_CPUS", ""))
     if added.get("OMP_NUM_THREADS"):
         import torch
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from . import network
 from .errors import HpctorchError
+from .initialize import PREEMPT_SIGNALS
 from .plan import ROLE, Plan
 
 PLAN_ENV = "HPCTORCH_AGENT_PLAN"
@@ -49,10 +50,9 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
     """Replace this process with the worker: no extra process, no torch import."""
     env = dict(os.environ if base_env is None else base_env)
     env.update(plan.workers[0].env)
-    if env.get("HPCTORCH_CPUS") and hasattr(os, "sched_setaffinity"):
-        from .cpulist import parse_cpulist
+    from .cpulist import bind_to
 
-        os.sched_setaffinity(0, parse_cpulist(env["HPCTORCH_CPUS"]))  # the exec keeps it
+    bind_to(env.get("HPCTORCH_CPUS", ""))  # the exec keeps it
     try:
         os.execvpe(plan.command[0], list(plan.command), env)
     except OSError as exc:
@@ -251,8 +251,6 @@ def _process_start() -> float:
     return psutil.Process().create_time()
 
 
-# Slurm's --signal and LSF's -wa send these; Windows has neither.
-PREEMPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name))
 
 
 def _forward_preemption_to_children() -> list[int]:
