@@ -1,4 +1,4 @@
-"""Command line: ``hpctorch run | plan | doctor | submit | hostlist``. Thin: parse, plan, act."""
+"""Command line: ``hpctorch run | plan | doctor | submit | stacks | hostlist``. Thin: parse, plan, act."""
 
 from __future__ import annotations
 
@@ -79,6 +79,9 @@ def _parser(only: str | None = None) -> _Parser:
     run = sub.add_parser("run", help="start a training script", allow_abbrev=False)
     if only in (None, "run"):
         _add_launch_options(run)
+        run.add_argument("--stall-timeout", type=float, default=None, metavar="S",
+                         help="when no rank wrote any output for S seconds, print every rank's stack (grouped)")
+        run.add_argument("--stall-action", choices=("dump", "kill"), default="dump", help="after the stacks: go on (dump) or end the job (kill)")
         run.add_argument("script", help="training script (or module with -m)")
         run.add_argument("script_args", nargs=argparse.REMAINDER)
     plan = sub.add_parser("plan", help="print what run would do, start nothing", allow_abbrev=False)
@@ -119,6 +122,14 @@ def _parser(only: str | None = None) -> _Parser:
         add("-m", "--module", action="store_true")
         add("script")
         add("script_args", nargs=argparse.REMAINDER)
+    stacks = sub.add_parser("stacks", help="print where every rank of a running job is (grouped stacks)", allow_abbrev=False)
+    if only in (None, "stacks"):
+        from .stackdump import METHODS
+
+        stacks.add_argument("--run-id", default=None, help="the job's run id, when several of your jobs run here")
+        stacks.add_argument("--method", choices=METHODS, default="auto", help="py-spy (ptrace), faulthandler (a signal), or auto: py-spy, then faulthandler")
+        stacks.add_argument("--native", action="store_true", help="py-spy: include native (C/C++) frames in the full dump")
+        stacks.add_argument("--timeout", type=float, default=20, metavar="S", help="node 0 waits this long for the other nodes (default 20)")
     hosts = sub.add_parser("hostlist", help="expand or compress Slurm hostlists", allow_abbrev=False)
     if only in (None, "hostlist"):
         hosts_sub = hosts.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -219,12 +230,34 @@ def _console_ranks(args: argparse.Namespace) -> set[int] | None:
         raise HpctorchError(f"--console-ranks {args.console_ranks!r} is not a list of ranks", "write e.g. --console-ranks 0,4") from None
 
 
+def _stall(args: argparse.Namespace) -> tuple[float, str] | None:
+    if args.stall_timeout is None:
+        return None
+    if args.stall_timeout <= 0:
+        raise HpctorchError(f"--stall-timeout {args.stall_timeout:g} is not a number of seconds", "give a positive number of seconds, e.g. --stall-timeout 600")
+    if args.no_prefix and not (args.tee or args.redirects):
+        raise HpctorchError("--stall-timeout watches the workers' output, and --no-prefix leaves it uncaptured",
+                            "drop --no-prefix, or add --tee 3 --log-dir DIR")
+    return args.stall_timeout, args.stall_action
+
+
+def _stacks(args: argparse.Namespace) -> int:
+    from . import stackcmd
+
+    if args.timeout <= 0:
+        raise HpctorchError(f"--timeout {args.timeout:g} is not a number of seconds", "give a positive number, e.g. --timeout 20")
+    code = stackcmd.run(os.environ, args.run_id, args.method, args.timeout, args.native)
+    sys.stdout.flush()
+    os._exit(code)  # a TCPStore client may be open: skip torch's exit-time teardown
+
+
 def _run(args: argparse.Namespace) -> int:
     from . import launch
 
     _check_script(args)
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
     local_ranks = _local_ranks(args)
+    stall = _stall(args)
     if args.quiet:
         from . import progress
 
@@ -234,6 +267,10 @@ def _run(args: argparse.Namespace) -> int:
         launch.exec_relaunch(plan, args.argv)
     launch.check_master_port(plan)
     if plan.mode in ("per-task", "unchanged"):
+        if stall:
+            raise HpctorchError(f"--stall-timeout needs hpctorch's per-node agent, and this is a {plan.mode} run "
+                                f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
+                                "start one hpctorch per node (e.g. srun --ntasks-per-node=1), or run 'hpctorch stacks' on the nodes when the job hangs")
         launch.exec_per_task(plan)
     if plan.node_rank == 0 and not args.quiet:  # one copy per job, not one per node
         from .render import banner
@@ -242,11 +279,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if plan.simulated:
             launch.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console,
-                                 quiet=args.quiet, summary_json=args.summary_json, local_ranks=local_ranks)
+                                 quiet=args.quiet, summary_json=args.summary_json, local_ranks=local_ranks, stall=stall)
         else:
             launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue,
                                 prefix=not args.no_prefix, console_ranks=console, quiet=args.quiet, summary_json=args.summary_json,
-                                local_ranks=local_ranks)
+                                local_ranks=local_ranks, stall=stall)
     except launch.WorkersFailed as exc:
         print(f"hpctorch: {exc.line}", file=sys.stderr)
         return exc.exit_code
@@ -337,10 +374,10 @@ def _hostlist(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
-        command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "hostlist") else None
+        command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "stacks", "hostlist") else None
         args = _parser(command).parse_args(argv)
         args.argv = argv
-        handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": _submit, "hostlist": _hostlist}[args.command]
+        handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": _submit, "stacks": _stacks, "hostlist": _hostlist}[args.command]
         return handler(args)
     except HpctorchError as exc:
         print(f"hpctorch: error: {exc.line()}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """Linux's cpulist syntax (``0-3,8,10-11``), both ways. Imports nothing: the bind
-wrapper (``_bind.py``) reads it just before each worker starts."""
+entry (``_worker.py``) reads it just before each worker starts."""
 
 from __future__ import annotations
 

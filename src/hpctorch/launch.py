@@ -18,7 +18,9 @@ from .plan import ROLE, Plan
 PLAN_ENV = "HPCTORCH_AGENT_PLAN"
 OUTPUT_ENV = "HPCTORCH_AGENT_OUTPUT"
 STOP_GRACE_S = 3
-BIND_WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bind.py")
+SIMULATED_TEARDOWN_S = 15.0
+"""After one simulated node failed: how long the others get to end by themselves."""
+WORKER_ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 
 
 class WorkersFailed(Exception):
@@ -46,6 +48,26 @@ def check_master_port(plan: Plan) -> None:
         )
 
 
+def worker_command(command: Sequence[str], per_rank_lists: bool) -> tuple[str, ...]:
+    """What each worker runs: a Python script or module through ``_worker.py`` (in the same
+    process: it registers the faulthandler ``hpctorch stacks`` falls back on, and applies
+    per-rank CPU and device lists); another command through it only for those lists."""
+    if len(command) > 2 and command[0] == sys.executable and command[1] == "-u":
+        return (command[0], "-u", WORKER_ENTRY, *command[2:])
+    if per_rank_lists:
+        return (sys.executable, WORKER_ENTRY, "--exec", *command)
+    return tuple(command)
+
+
+def _stacks_env(env: dict[str, str]) -> None:
+    from .jobstacks import faulthandler_dir
+
+    try:
+        env.setdefault("HPCTORCH_STACKS_DIR", faulthandler_dir())
+    except OSError:
+        pass  # no fallback for hpctorch stacks; py-spy still works
+
+
 def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None:
     """Replace this process with the worker: no extra process, no torch import."""
     env = dict(os.environ if base_env is None else base_env)
@@ -53,8 +75,11 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
     from .cpulist import bind_to
 
     bind_to(env.get("HPCTORCH_CPUS", ""))  # the exec keeps it
+    command = worker_command(plan.command, per_rank_lists=False)
+    if command != tuple(plan.command):
+        _stacks_env(env)
     try:
-        os.execvpe(plan.command[0], list(plan.command), env)
+        os.execvpe(command[0], list(command), env)
     except OSError as exc:
         raise HpctorchError(f"cannot start {plan.command[0]!r}: {exc.strerror}", "check the command and PATH") from None
 
@@ -119,18 +144,22 @@ def run_per_node(
     quiet: bool = False,
     summary_json: str | None = None,
     local_ranks: set[int] | None = None,
+    stall: tuple[float, str] | None = None,
 ) -> None:
     """Start this node's workers with torch's elastic agent and wait for them.
 
     With ``prefix`` (the default) every line a worker prints reaches the terminal as
     ``[host rank R]: line`` and is also kept per rank under ``log_dir`` (a temporary
     directory unless given): torch's tee does both. Node 0 ends with a one-line summary
-    (unless ``quiet``), also written as JSON to ``summary_json``.
+    (unless ``quiet``), also written as JSON to ``summary_json``. ``stall`` is
+    ``--stall-timeout`` and ``--stall-action``. When the job is torn down, node 0 first prints
+    the stacks the surviving workers were in.
     """
     from torch.distributed.launcher.api import elastic_launch
 
     assert plan.master_addr is not None, "the exchange runs before the final plan"
     os.environ.update(plan.common_env)
+    _stacks_env(os.environ)  # type: ignore[arg-type]
     specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)
     config = _launch_config(plan, specs, prefix)
     from torch.distributed import DistError
@@ -139,7 +168,8 @@ def run_per_node(
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     from . import agreement
-    from .watchdog import JobWatchdog
+    from .jobstacks import NodeStacks, install_teardown_capture
+    from .watchdog import JobWatchdog, StallWatch
 
     # Held until the launch returns: torch's static rendezvous serves through it. Under torch's
     # c10d rendezvous the store is its host's (maybe not node 0): no agreement check there.
@@ -151,15 +181,27 @@ def run_per_node(
         # reuses it) so it outlives the launch and node 0 can tell every node how the job ended.
         master_store = agreement.open_store(plan, plan.rdzv_timeout, serve=True)  # noqa: F841
     started = _process_start()
-    watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, startup_s=time.time() - started)
+    stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
+    watch = StallWatch(stall[0], stall[1] == "kill", lambda: _output_size(specs.root_log_dir)) if stall else None
+
+    def stop_workers(_reason: str) -> None:
+        # SIGTERM to this process: torch's agent stops its workers. Not while it already
+        # does (this node failed too): a signal then would cut its teardown short.
+        if not stacks.tearing_down:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def restarting() -> None:
+        stacks.tearing_down = False
+
+    watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, on_abort=stop_workers, startup_s=time.time() - started,
+                           stacks=stacks, stall=watch)
+    install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=restarting if plan.max_restarts else lambda: None)
     if plan.watched:
         watchdog.start()
     preempted = _forward_preemption_to_children()
     failure: WorkersFailed | None = None
     try:
-        command = plan.command
-        if any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS")):
-            command = (sys.executable, BIND_WRAPPER, *command)  # each worker its own CPUs and devices
+        command = worker_command(plan.command, any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS")))
         elastic_launch(config, command[0])(*command[1:])
     except ChildFailedError as exc:
         rank, first = exc.get_first_failure()
@@ -192,6 +234,12 @@ def run_per_node(
     else:
         watchdog.finished()
         _requeue_if_preempted(plan, preempted, requeue)
+    if plan.is_master and failure is not None and stacks.teardown is not None and not quiet:
+        from .watchdog import TEARDOWN_TITLE
+
+        lines = watchdog.teardown_lines or stacks.lines(None, "teardown", stacks.teardown, 0, TEARDOWN_TITLE)
+        if lines:
+            print("\n".join(lines), file=sys.stderr, flush=True)
     if plan.is_master and (summary_json or not quiet):
         from .summary import Summary
 
@@ -253,6 +301,15 @@ def _process_start() -> float:
 
 
 
+def _output_size(root: str | None) -> int:
+    """Bytes the workers have written to their captured output so far (torch's per-rank
+    ``stdout.log``/``stderr.log`` under ``root``): a few stat calls per poll."""
+    total = 0
+    for where, _dirs, files in os.walk(root or ""):
+        total += sum(os.path.getsize(os.path.join(where, f)) for f in files if f.endswith(".log"))
+    return total
+
+
 def _forward_preemption_to_children() -> list[int]:
     """Pass SIGUSR1/SIGUSR2 (Slurm's --signal, LSF's -wa) on to every worker, so their
     handlers can checkpoint; the agent itself keeps running. Returns the signals seen."""
@@ -299,7 +356,8 @@ def run_agent_from_env() -> int:
     try:
         run_per_node(plan, log_dir=log_dir, prefix=output.get("prefix", True), console_ranks=set(console) if console is not None else None,
                      quiet=output.get("quiet", False), summary_json=output.get("summary_json"),
-                     local_ranks=set(output["local_ranks"]) if output.get("local_ranks") is not None else None)
+                     local_ranks=set(output["local_ranks"]) if output.get("local_ranks") is not None else None,
+                     stall=tuple(output["stall"]) if output.get("stall") else None)  # type: ignore[arg-type]
     except (HpctorchError, WorkersFailed) as exc:
         print(f"hpctorch node {plan.node_rank}: {exc}", file=sys.stderr, flush=True)
         return getattr(exc, "exit_code", 2)
@@ -316,7 +374,8 @@ def _stop(processes: Sequence[subprocess.Popen], sig: int) -> None:
 
 
 def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None,
-                  quiet: bool = False, summary_json: str | None = None, local_ranks: set[int] | None = None) -> None:
+                  quiet: bool = False, summary_json: str | None = None, local_ranks: set[int] | None = None,
+                  stall: tuple[float, str] | None = None) -> None:
     """One agent process per simulated node; when one fails, stop them all."""
     agents = []
     for node_plan in plan.node_plans:
@@ -324,7 +383,7 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
         env[PLAN_ENV] = json.dumps(node_plan.to_dict())
         env[OUTPUT_ENV] = json.dumps({"prefix": prefix, "console_ranks": sorted(console_ranks) if console_ranks is not None else None,
                                       "quiet": quiet, "summary_json": summary_json if node_plan.is_master else None,
-                                      "local_ranks": sorted(local_ranks) if local_ranks is not None else None})
+                                      "local_ranks": sorted(local_ranks) if local_ranks is not None else None, "stall": stall})
         if log_dir:
             env["HPCTORCH_AGENT_LOG_DIR"] = os.path.join(log_dir, f"node{node_plan.node_rank}")
         # Each agent leads its own process group, so stopping it reaches its workers too.
@@ -352,10 +411,12 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
             if failed is None:
                 failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
                 if failed is not None:
-                    _stop(agents, signal.SIGTERM)
-                    deadline = time.monotonic() + STOP_GRACE_S
+                    # The others' watchdogs end them and node 0 gathers their last stacks, as on
+                    # real nodes; stopped from here only if they have not ended by then.
+                    deadline, stopping = time.monotonic() + SIMULATED_TEARDOWN_S, signal.SIGTERM
             elif time.monotonic() > deadline:
-                _stop(agents, signal.SIGKILL)
+                _stop(agents, stopping)
+                deadline, stopping = time.monotonic() + STOP_GRACE_S, signal.SIGKILL
             time.sleep(0.05)
     finally:
         for sig, handler in previous.items():

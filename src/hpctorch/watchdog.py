@@ -16,7 +16,14 @@ node count (shared/DESIGN.md, scale rules):
 - a node whose workers all succeeded sets its counter to ``done``; node 0 also sets
   ``finished``, so a node still finishing when node 0's store goes away is not alarmed.
 Node 0 serves the store: before its agent exits it waits (at most ``LINGER_S``) until
-every node has read the abort, or finished, so nobody sees "store gone" instead of the cause.
+every node has read the abort, or finished, so nobody sees "store gone" instead of the cause,
+then prints the survivors' stacks every node took at teardown (``jobstacks``).
+
+With ``--stall-timeout`` every node also adds one to ``out/<node>`` in a poll where its
+workers' output grew, and reads the counter ``stacks/want`` (one request); node 0 reads every
+``out`` in one ``multi_get``. When none moved for the timeout, node 0 asks for a dump (adds
+one to ``stacks/want``: each node answers once, then again only after output resumed and
+stalled again) or, with ``--stall-action kill``, sets ``abort``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .plan import Plan
 
@@ -36,11 +44,24 @@ UNREACHABLE_AFTER_S = 3.0
 STORE_TIMEOUT_S = 2
 LINGER_S = 5.0
 DONE = b"done"
+TEARDOWN_TITLE = "where the other ranks were when the job was stopped"
+COLLECT_S = 3.0
+"""How long node 0 waits for the other nodes' part of a stack dump."""
+
+
+@dataclass(frozen=True)
+class StallWatch:
+    """``--stall-timeout``: seconds without output from any rank, what to do then, and how
+    big this node's captured output is now."""
+
+    seconds: float
+    kill: bool
+    output_size: Callable[[], int]
 
 
 class JobWatchdog:
     def __init__(self, plan: Plan, connect_timeout_s: float, on_abort: Callable[[str], None] | None = None,
-                 startup_s: float | None = None) -> None:
+                 startup_s: float | None = None, stacks=None, stall: StallWatch | None = None) -> None:  # type: ignore[no-untyped-def]
         """``on_abort(reason)`` stops this node's workers; by default SIGTERM to this
         process, which the torch agent turns into stopping its workers."""
         self.plan = plan
@@ -59,11 +80,24 @@ class JobWatchdog:
         """Seconds from this node's hpctorch start to its workers' start; node 0 reads every node's."""
         self.final: dict[str, dict[int, object]] = {}
         """Node 0, once finished: each node's last state ("done" or not) and start-up seconds."""
+        self.stacks = stacks
+        """This node's ``jobstacks.NodeStacks``: stall and teardown dumps."""
+        self.stall = stall
+        self.teardown_lines: list[str] = []
+        """Node 0, after an abort: the grouped stacks every node took at teardown."""
+        self._outs = [f"{self.prefix}out/{n}" for n in range(plan.nnodes)] if plan.is_master else []
+        self._output = -1
+        self._wanted = 0
 
     def start(self) -> "JobWatchdog":
-        if self.plan.nnodes > 1:
+        if self.plan.nnodes > 1 or self.stall is not None:
             self._thread.start()
         return self
+
+    @property
+    def store(self):  # type: ignore[no-untyped-def]
+        """This node's connection to the master's store, while watching (else None)."""
+        return self._store
 
     def report_failure(self, summary: str) -> None:
         """Tell every node that this one failed (best effort: the store may be gone)."""
@@ -102,8 +136,21 @@ class JobWatchdog:
             if self.plan.is_master:
                 self._linger(store)
                 self.final = self._read_final(store)
+                if self.stacks is not None and self.stacks.teardown is not None and store.check([self.prefix + "abort"]):
+                    self.teardown_lines = self.stacks.lines(store, "teardown", self.stacks.teardown, COLLECT_S, TEARDOWN_TITLE)
+                    store.set(self._collected_key, "1")
+            elif self.stacks is not None and self.stacks.teardown is not None and store.check([self.prefix + "abort"]):
+                # Until node 0 has read this node's stacks: a launcher that kills the whole step
+                # when one task exits (srun --kill-on-bad-exit) would cut node 0 short.
+                deadline = time.monotonic() + LINGER_S + COLLECT_S
+                while time.monotonic() < deadline and not store.check([self._collected_key]):
+                    time.sleep(POLL_S / 5)
         except Exception:  # noqa: BLE001 - the store's host may have exited first
             pass
+
+    @property
+    def _collected_key(self) -> str:
+        return self.prefix + "stacks/teardown/collected"
 
     def _read_final(self, store) -> dict[str, dict[int, object]]:  # type: ignore[no-untyped-def]
         """Two requests whatever N: every node's counter, and its start-up time if all wrote one."""
@@ -159,7 +206,12 @@ class JobWatchdog:
                 store.set(f"{self.prefix}start/{self.plan.node_rank}", f"{self.startup_s:.3f}")  # once per node
             except Exception:  # noqa: BLE001 - only the closing summary misses it
                 pass
-        judge = Judge(self.plan) if self.plan.is_master else None
+        judge = Judge(self.plan, self.stall) if self.plan.is_master else None
+        if self.stall is not None:
+            try:
+                store.add(f"{self.prefix}out/{self.plan.node_rank}", 0)  # exists before this node's first beat
+            except Exception:  # noqa: BLE001 - the loop below reports a store that is gone
+                pass
         last_ok = time.monotonic()
         master_finished = False
         while not self._stop.wait(POLL_S):
@@ -177,11 +229,13 @@ class JobWatchdog:
                     master_finished = master_finished or store.check([self._finished_key])
                 else:
                     self.requests += 1
-                    reason = judge.verdict(store, self._beats, now)
+                    reason = judge.verdict(store, self._beats, now) or judge.stalled(store, self._outs, now)
                     if reason:
                         store.set(self.prefix + "abort", reason)
                         self._abort(store, reason)
                         return
+                if self.stall is not None:
+                    self._watch_output(store)
                 last_ok = now
             except Exception:  # noqa: BLE001 - the master's store went away
                 if self._stop.is_set() or master_finished:
@@ -191,13 +245,59 @@ class JobWatchdog:
                     return
 
 
-class Judge:
-    """Node 0's view of every node's counter: who went silent."""
+    def _watch_output(self, store) -> None:  # type: ignore[no-untyped-def]
+        """One request (``want``), plus one when this node's output grew; a dump when asked."""
+        assert self.stall is not None
+        size = self.stall.output_size()
+        if size != self._output:
+            self._output = size
+            self.requests += 1
+            store.add(f"{self.prefix}out/{self.plan.node_rank}", 1)
+        self.requests += 1
+        wanted = store.add(f"{self.prefix}stacks/want", 0)
+        if wanted <= self._wanted or self.stacks is None:
+            return
+        self._wanted = wanted
+        from .jobstacks import publish
 
-    def __init__(self, plan: Plan) -> None:
+        own = self.stacks.take(f"stall{wanted}")
+        if not self.plan.is_master:
+            publish(store, f"{self.stacks.prefix}stall{wanted}/", [self.plan.node_rank], own[0])
+            return
+        title = f"no rank wrote any output for {self.stall.seconds:.0f} s (--stall-timeout); the job goes on; stacks"
+        import sys
+
+        print("\n".join(self.stacks.lines(store, f"stall{wanted}", own, COLLECT_S, title)), file=sys.stderr, flush=True)
+
+
+class Judge:
+    """Node 0's view of every node's counters: who went silent, and whether all went quiet."""
+
+    def __init__(self, plan: Plan, stall: StallWatch | None = None) -> None:
         self.plan = plan
+        self.stall = stall
         self.all_started = False
         self.last_seen: dict[int, tuple[bytes, float]] = {}
+        self.output: tuple[list[bytes], float] | None = None
+        self.dumped = False
+
+    def stalled(self, store, outs: list[str], now: float) -> str | None:  # type: ignore[no-untyped-def]
+        """No node's output grew for the stall timeout: ask for a dump (once per stall), or
+        with kill return the reason to abort."""
+        if self.stall is None or not self.all_started:
+            return None
+        counts = store.multi_get(outs)
+        if self.output is None or counts != self.output[0]:
+            self.output, self.dumped = (counts, now), False
+            return None
+        if self.dumped or now - self.output[1] < self.stall.seconds:
+            return None
+        self.dumped = True
+        reason = f"no rank wrote any output for {self.stall.seconds:.0f} s (--stall-timeout)"
+        if self.stall.kill:
+            return reason
+        store.add(f"hpctorch/{self.plan.run_id}/stacks/want", 1)
+        return None
 
     def verdict(self, store, beats: list[str], now: float) -> str | None:  # type: ignore[no-untyped-def]
         if not self.all_started:

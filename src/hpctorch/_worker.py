@@ -1,0 +1,87 @@
+"""Every worker's first moment: ``python -u _worker.py [-m] TARGET ARGS...`` runs a Python
+script or module in this process as ``python`` would; ``python _worker.py --exec CMD ARGS...``
+execs any other command. Before that it
+
+- gives worker LOCAL_RANK its own CPUs (sched_setaffinity, before torch starts a thread),
+  HPCTORCH_CPUS, HPCTORCH_DEVICES and OMP_NUM_THREADS from the plan's per-node lists
+  (per-node mode: torch's agent starts every local worker with one environment);
+- with HPCTORCH_STACKS_DIR set, has Python's faulthandler write every thread's stack to
+  ``DIR/<pid>.stack`` on ``STACK_SIGNAL``: ``hpctorch stacks`` then works where ptrace (py-spy)
+  is not allowed. The file exists only once the handler is in place, so a process is never
+  sent the signal before it can take it.
+
+Run as a file it imports only ``hpctorch.cpulist`` (and faulthandler, runpy: built in).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+STACK_SIGNAL: int | None = (signal.SIGRTMIN + 7) if hasattr(signal, "SIGRTMIN") else getattr(signal, "SIGINFO", None)
+"""A signal nothing else in a training job uses: real-time on Linux, SIGINFO on macOS
+(SIGUSR1/2 belong to the job: Slurm's --signal and LSF's -wa send them to checkpoint)."""
+_kept: list[object] = []  # the open dump file must live as long as the process
+
+
+def stack_file(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{pid}.stack")
+
+
+def _apply_lists() -> None:
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cpu_sets = os.environ.get("HPCTORCH_CPU_SETS", "").split(";")
+    device_sets = os.environ.get("HPCTORCH_DEVICE_SETS", "").split(";")
+    threads = os.environ.get("HPCTORCH_THREAD_COUNTS", "").split(",")
+    if rank < len(cpu_sets) and cpu_sets[rank]:
+        from hpctorch.cpulist import bind_to
+
+        bind_to(cpu_sets[rank])
+        os.environ["HPCTORCH_CPUS"] = cpu_sets[rank]
+    if rank < len(device_sets) and device_sets[rank]:
+        os.environ["HPCTORCH_DEVICES"] = device_sets[rank]
+    if rank < len(threads) and threads[rank]:
+        os.environ["OMP_NUM_THREADS"] = threads[rank]
+
+
+def _register_stack_dump() -> None:
+    directory = os.environ.get("HPCTORCH_STACKS_DIR")
+    if not directory or STACK_SIGNAL is None:
+        return
+    import faulthandler
+
+    try:
+        dump = open(stack_file(directory, os.getpid()), "a", encoding="utf-8")  # noqa: SIM115 - kept open
+    except OSError:
+        return  # no fallback for this worker; py-spy may still read it
+    faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
+    _kept.append(dump)
+
+
+def _run_python(argv: list[str]) -> None:
+    import runpy
+
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()  # as python -m does; not this file's directory
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        # As python does for a script: its own (real) directory first, so the user's modules
+        # are found and hpctorch's (plan.py, network.py...) never shadow them.
+        sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def main() -> None:
+    _apply_lists()
+    argv = sys.argv[1:]
+    if argv[:1] == ["--exec"]:
+        os.execvp(argv[1], argv[1:])
+    _register_stack_dump()
+    _run_python(argv)
+
+
+if __name__ == "__main__":
+    main()

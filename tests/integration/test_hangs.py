@@ -1,0 +1,120 @@
+"""Hangs with every process alive, on this machine with real torch workers: ``hpctorch
+stacks`` by each method, ``--stall-timeout`` (dump and kill), and the survivors' stacks
+when a rank dies. The 2-node versions are in tests/cluster/test_hangs_cluster.py."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ..conftest import ROOT, clean_env, hpctorch
+
+HANG = str(ROOT / "tests" / "fixtures" / "hang.py")
+HANG_GUARD_S = 120  # far above the ~10 s these runs take: a failure here means it hung
+
+
+class Job:
+    """``hpctorch run ... hang.py`` in the background, its stderr read as it comes."""
+
+    def __init__(self, *args: str, **env: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "hpctorch", "run", *args, HANG], cwd=ROOT, env=clean_env(**env),
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            self.lines.put(line)
+
+    def wait_for(self, pattern: str, count: int = 1) -> None:
+        deadline, seen = time.monotonic() + HANG_GUARD_S, 0
+        while seen < count:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"hung: {pattern!r} never came; output:\n{''.join(self.output)[-3000:]}") from None
+            seen += bool(re.search(pattern, line))
+
+    def stop(self) -> None:
+        # SIGTERM: the agent stops its workers (they lead their own process groups; a
+        # SIGKILL of the agent alone would leave them behind).
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=HANG_GUARD_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def job_factory():  # type: ignore[no-untyped-def]
+    jobs: list[Job] = []
+    yield lambda *args, **env: jobs.append(Job(*args, **env)) or jobs[-1]
+    for job in jobs:
+        job.stop()
+
+
+@pytest.mark.parametrize("method", ["py-spy", "faulthandler"])
+def test_stacks_names_the_stuck_rank_and_the_waiting_ones(job_factory, method: str) -> None:  # type: ignore[no-untyped-def]
+    job = job_factory("--nproc-per-node", "3")
+    job.wait_for(r"rank \d of 3 ready", 3)
+    time.sleep(1)  # the ranks reach their hang
+    done = hpctorch("stacks", "--method", method, env=clean_env(), timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"hpctorch: stacks: 3 rank(s) on 1 node(s), by {method}; 2 different:", done.stdout
+    assert re.fullmatch(r"  rank 2 \(\S+\): stuck_here hang\.py:\d+", lines[1]), done.stdout
+    assert re.fullmatch(r"  ranks 0-1 \(\S+\): all_reduce ← train_step hang\.py:\d+", lines[2]), done.stdout
+    dump = lines[3].split(": ", 1)[1]
+    assert "=== rank 2" in open(dump, encoding="utf-8").read()
+    assert job.process.poll() is None, "taking the stacks must not stop the job"
+
+
+def test_no_job_here_is_one_line_and_exit_2() -> None:
+    done = hpctorch("stacks", "--run-id", "no-such-run", env=clean_env(), timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("hpctorch: error: no workers of run id no-such-run") and "; fix: " in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_stall_is_dumped_once_and_the_job_goes_on(job_factory) -> None:  # type: ignore[no-untyped-def]
+    job = job_factory("--simulate-nodes", "2", "--nproc-per-node", "2", "--stall-timeout", "3")
+    job.wait_for(r"no rank wrote any output for 3 s \(--stall-timeout\); the job goes on")
+    job.wait_for(r"ranks 0-2 \(.*\): all_reduce ← train_step hang\.py")
+    time.sleep(5)  # more than the timeout again, without new output: no second dump
+    text = "".join(job.output)
+    assert text.count("--stall-timeout") == 1, text
+    assert re.search(r"  rank 3 \(.*\): stuck_here hang\.py:\d+", text), text
+    assert job.process.poll() is None
+
+
+def test_a_stall_with_kill_ends_the_job_with_the_stacks(job_factory) -> None:  # type: ignore[no-untyped-def]
+    job = job_factory("--simulate-nodes", "2", "--nproc-per-node", "2", "--stall-timeout", "3", "--stall-action", "kill")
+    assert job.process.wait(timeout=HANG_GUARD_S) != 0
+    text = "".join(job.output)
+    assert "where the other ranks were when the job was stopped: 4 rank(s) on 2 node(s)" in text, text
+    assert re.search(r"  rank 3 \(.*\): stuck_here hang\.py:\d+", text), text
+    assert "no rank wrote any output for 3 s (--stall-timeout)" in text
+
+
+def test_when_a_rank_dies_the_survivors_stacks_come_first(job_factory) -> None:  # type: ignore[no-untyped-def]
+    # Without ptrace (HPCTORCH_STACKS_METHOD=faulthandler): the fallback every worker registered.
+    job = job_factory("--simulate-nodes", "2", "--nproc-per-node", "2", HANG_EXIT_RANK="2", HANG_RANK="3",
+                      HPCTORCH_STACKS_METHOD="faulthandler")
+    assert job.process.wait(timeout=HANG_GUARD_S) != 0
+    text = "".join(job.output)
+    assert re.search(r"where the other ranks were when the job was stopped: \d rank\(s\) on 2 node\(s\), by faulthandler", text), text
+    assert re.search(r"  rank 3 \(.*\): stuck_here hang\.py:\d+", text), text
+    assert text.index("where the other ranks were") < text.index("hpctorch: failed after")

@@ -1,0 +1,96 @@
+"""Grouping and reading stacks (pure), and the worker entry's promise: a script runs as
+``python script.py`` would run it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from hpctorch import stackgroups
+from hpctorch.launch import WORKER_ENTRY, worker_command
+from hpctorch.stackdump import Frame, RankStack, Thread, Worker, parse_faulthandler
+
+SITE = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
+
+FAULTHANDLER = """\
+Thread 0x00007f2a1b7fe640 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f2a1c9a3740 (most recent call first):
+  File "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/home/u/train.py", line 42 in train_step
+  File "/home/u/train.py", line 50 in <module>
+"""
+
+
+def stack(rank: int, host: str, frames: list[tuple[str, str, int]], note: str = "", method: str = "py-spy") -> RankStack:
+    thread = Thread("MainThread", tuple(Frame(*f) for f in frames), main=True)
+    return RankStack(Worker(1000 + rank, rank, rank % 2, rank // 2, host), (thread,) if frames else (), method, note)
+
+
+def test_faulthandler_dump_is_read_with_the_main_thread_last() -> None:
+    threads = parse_faulthandler(FAULTHANDLER)
+    assert [t.main for t in threads] == [False, True]
+    assert threads[1].frames[0] == Frame("all_reduce", SITE, 3252)
+    assert threads[1].frames[1] == Frame("train_step", "/home/u/train.py", 42)
+
+
+def test_identical_stacks_collapse_and_the_odd_one_comes_first() -> None:
+    waiting = [("all_reduce", SITE, 3252), ("train_step", "/home/u/train.py", 42)]
+    node1 = [stack(0, "n1", waiting), stack(1, "n1", waiting)]
+    node2 = [stack(2, "n2", waiting), stack(3, "n2", [("stuck_here", "/home/u/train.py", 16), ("main", "/home/u/train.py", 30)])]
+    merged = stackgroups.merge([stackgroups.groups(node1), stackgroups.groups(node2)])
+    lines = stackgroups.summary(merged, 2, "/tmp/d.txt")
+    assert lines[0] == "hpctorch: stacks: 4 rank(s) on 2 node(s), by py-spy; 2 different:"
+    assert lines[1] == "  rank 3 (n2): stuck_here train.py:16"
+    assert lines[2] == "  ranks 0-2 (n[1-2]): all_reduce ← train_step train.py:42"
+    assert lines[3].endswith("/tmp/d.txt (on each node)")
+
+
+def test_an_exited_worker_is_reported_as_exited() -> None:
+    merged = stackgroups.merge([stackgroups.groups([stack(5, "n3", [], note="exited")])])
+    assert stackgroups.summary(merged, 1, None)[1] == "  rank 5 (n3): exited"
+
+
+def test_ranks_are_written_as_ranges() -> None:
+    assert stackgroups.ranks_text([0, 1, 2, 5, 7, 8]) == "ranks 0-2,5,7-8"
+    assert stackgroups.ranks_text([4]) == "rank 4"
+
+
+def test_full_dump_names_every_rank_and_thread() -> None:
+    text = stackgroups.full_text([stack(1, "n1", [("f", "/a.py", 3)]), stack(0, "n1", [("g", "/b.py", 4)])])
+    assert text.index("=== rank 0") < text.index("=== rank 1")
+    assert 'File "/b.py", line 4, in g' in text
+
+
+def test_python_workers_start_through_the_entry_and_others_only_for_lists() -> None:
+    python = sys.executable
+    assert worker_command((python, "-u", "train.py", "--lr", "1"), False) == (python, "-u", WORKER_ENTRY, "train.py", "--lr", "1")
+    assert worker_command((python, "-u", "-m", "pkg.train"), False) == (python, "-u", WORKER_ENTRY, "-m", "pkg.train")
+    assert worker_command(("./train.sh", "x"), False) == ("./train.sh", "x")
+    assert worker_command(("./train.sh", "x"), True) == (python, WORKER_ENTRY, "--exec", "./train.sh", "x")
+
+
+def test_the_entry_runs_a_script_as_python_would(tmp_path: Path) -> None:
+    # A module of the user's named like one of hpctorch's must win: sys.path[0] is the script's directory.
+    (tmp_path / "plan.py").write_text("WHO = 'user'\n")
+    (tmp_path / "train.py").write_text(textwrap.dedent("""\
+        import sys, plan
+        print(__name__, plan.WHO, "|".join(sys.argv), sys.path[0])
+        """))
+    done = subprocess.run([sys.executable, "-u", WORKER_ENTRY, str(tmp_path / "train.py"), "--lr", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["__main__", "user", f"{tmp_path / 'train.py'}|--lr|1", str(tmp_path)]
+
+
+def test_the_entry_runs_a_module_as_python_m_would(tmp_path: Path) -> None:
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "train.py").write_text("import sys\nprint(__name__, sys.argv[1:])\nsys.exit(4)\n")
+    done = subprocess.run([sys.executable, "-u", WORKER_ENTRY, "-m", "mypkg.train", "a"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 4, done.stderr
+    assert done.stdout.split() == ["__main__", "['a']"]
