@@ -24,13 +24,15 @@ COMPUTE = str(ROOT / "tests" / "fixtures" / "compute.py")
 class Job:
     """hpctorch in hostfile mode on every node, its output read as it comes."""
 
-    def __init__(self, cluster: Cluster, job_dir: Path, *extra: str) -> None:
+    def __init__(self, cluster: Cluster, job_dir: Path, *extra: str, script: tuple[str, ...] = (COMPUTE, "--seconds", "60"),
+                 **env: str) -> None:
         hosts = job_dir / "hosts"
         hosts.write_text("".join(f"{n} slots=2\n" for n in cluster.names))
-        argv = [PYTHON, "-m", "hpctorch", "run", "--hostfile", str(hosts), "--rendezvous-dir", str(job_dir), *extra, COMPUTE, "--seconds", "60"]
+        argv = [PYTHON, "-m", "hpctorch", "run", "--hostfile", str(hosts), "--rendezvous-dir", str(job_dir), *extra, *script]
         self.lines: queue.Queue[str] = queue.Queue()
         self.stderr: list[str] = []
-        self.nodes = [subprocess.Popen(cluster.on(n, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env()) for n in cluster.names]
+        self.nodes = [subprocess.Popen(cluster.on(n, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env(**env))
+                      for n in cluster.names]
         for process in self.nodes:
             threading.Thread(target=self._pump, args=(process.stdout, self.lines.put), daemon=True).start()
             threading.Thread(target=self._pump, args=(process.stderr, self.stderr.append), daemon=True).start()
