@@ -5,12 +5,14 @@ execs any other command. Before that it
 - gives worker LOCAL_RANK its own CPUs (sched_setaffinity, before torch starts a thread),
   HPCTORCH_CPUS, HPCTORCH_DEVICES and OMP_NUM_THREADS from the plan's per-node lists
   (per-node mode: torch's agent starts every local worker with one environment);
+- with HPCTORCH_FILE_STORE set (``--rdzv-backend file``), points env:// at that FileStore;
 - with HPCTORCH_STACKS_DIR set, has Python's faulthandler write every thread's stack to
   ``DIR/<pid>.stack`` on ``STACK_SIGNAL``: ``hpctorch stacks`` then works where ptrace (py-spy)
   is not allowed. The file exists only once the handler is in place, so a process is never
   sent the signal before it can take it.
 
-Run as a file it imports only ``hpctorch.cpulist`` (and faulthandler, runpy: built in).
+Run as a file it imports only ``hpctorch.cpulist`` (and faulthandler, runpy: built in), and
+torch's FileStore for the file backend.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ def main() -> None:
     if argv[:1] == ["--exec"]:
         os.execvp(argv[1], argv[1:])
     _register_stack_dump()
+    if os.environ.get("HPCTORCH_FILE_STORE"):  # --rdzv-backend file
+        from hpctorch.filerdzv import env_by_file
+
+        env_by_file(os.environ["HPCTORCH_FILE_STORE"])
     _run_python(argv)
 
 

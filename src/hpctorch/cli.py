@@ -163,7 +163,12 @@ def _check_script(args: argparse.Namespace) -> None:
 def _options(args: argparse.Namespace) -> Options:
     min_nodes, nnodes = args.nnodes if args.nnodes else (None, None)
     master_addr, master_port, master_flag = args.master_addr, args.master_port, "--master-addr"
-    if args.rdzv_endpoint:
+    rendezvous_dir = args.rendezvous_dir
+    if args.rdzv_backend == "file" and args.rdzv_endpoint:  # a directory, not HOST:PORT
+        if rendezvous_dir and os.path.abspath(rendezvous_dir) != os.path.abspath(args.rdzv_endpoint):
+            raise HpctorchError(f"--rdzv-endpoint {args.rdzv_endpoint} and --rendezvous-dir {rendezvous_dir} both name the directory", "give one of them")
+        rendezvous_dir = args.rdzv_endpoint
+    elif args.rdzv_endpoint:
         if args.master_addr or args.master_port:
             raise HpctorchError("--rdzv-endpoint and --master-addr/--master-port both name the master", "give one of them")
         (master_addr, master_port), master_flag = torchrun_cli.endpoint(args.rdzv_endpoint), "--rdzv-endpoint"
@@ -190,7 +195,7 @@ def _options(args: argparse.Namespace) -> Options:
         max_restarts=args.max_restarts,
         rdzv_timeout=args.rdzv_timeout,
         run_id=args.run_id,
-        rendezvous_dir=args.rendezvous_dir,
+        rendezvous_dir=rendezvous_dir,
         hostfile=args.hostfile,
         hosts=args.hosts,
         gpus_per_proc=args.gpus_per_proc,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from . import fabric, master, placement, ports, workerenv
@@ -143,7 +144,10 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
     port = ports.master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)
     run_id = ports.run_id(allocation, options, facts, nnodes, port)
     where_master = master.locate(allocation, options, facts, choices, nnodes, node_rank, nodes, run_id, reasons)
-    if options.rdzv_backend:
+    if options.rdzv_backend == "file":
+        rdzv_backend = "file"
+        reasons["rdzv_backend"] = f"--rdzv-backend file: torch's FileStore in {_file_store_dir(options, nnodes)} (no TCP store)"
+    elif options.rdzv_backend:
         rdzv_backend, reasons["rdzv_backend"] = options.rdzv_backend, "--rdzv-backend"
         if port == 0 and rdzv_backend == "static":
             port = facts.spare_port  # torch's static rendezvous needs the port in advance
@@ -161,7 +165,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         max_restarts=options.max_restarts, reasons=reasons, sources=sources, command=options.command,
         master_exchange=where_master.exchange, agreement_dir=ports.agreement_dir(allocation, options, nodes),
         requeue=allocation.launcher.requeue, container=facts.container, min_nodes=options.min_nodes,
-        node_rank_known=known, agent=dict(options.agent), rdzv_conf=_rdzv_conf(options, facts, rdzv_backend, where_master.address),
+        node_rank_known=known, agent=dict(options.agent), rdzv_conf=_rdzv_conf(options, facts, rdzv_backend, where_master.address, nnodes),
         local_addr=(where_master.iface.address if where_master.iface and nnodes > 1 else where_master.address),
     )
     if mode == "unchanged":
@@ -206,15 +210,29 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
     return Plan(iface=where_master.iface.name if where_master.iface else None, workers=workers, common_env=env, **common)  # type: ignore[arg-type]
 
 
-def _rdzv_conf(options: Options, facts: HostFacts, backend: str, master: str | None) -> dict[str, str]:
+def _rdzv_conf(options: Options, facts: HostFacts, backend: str, master: str | None, nnodes: int) -> dict[str, str]:
     """torchrun's --rdzv-conf, and whether this node hosts torch's c10d store: torch guesses it
     from what this host's *name* resolves to, which is the trap of a name on another network
     (and never true for an address on a second interface), so hpctorch says it."""
     conf = dict(options.rdzv_conf)
+    if backend == "file":
+        conf["path"] = _file_store_dir(options, nnodes)
     if backend == "c10d" and master and "is_host" not in conf:
         if master in own_addresses(facts.interfaces, loopback=False):  # on loopback torch's guess serves, with its fall-back to a client
             conf["is_host"] = "true"
     return conf
+
+
+def _file_store_dir(options: Options, nnodes: int) -> str:
+    """``--rdzv-backend file``: the directory every node shares (one machine: a private one)."""
+    if options.rendezvous_dir:
+        return os.path.abspath(options.rendezvous_dir)
+    if nnodes > 1:
+        raise HpctorchError(f"--rdzv-backend file on {nnodes} nodes needs a directory every node shares",
+                            "add --rdzv-endpoint DIR (or --rendezvous-dir DIR) on a shared file system")
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"hpctorch-{os.getuid() if hasattr(os, 'getuid') else 'user'}", "filestore")
 
 
 def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:
@@ -239,6 +257,8 @@ def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) 
         master_addr="127.0.0.1",
         master_port=options.master_port or facts.spare_port,
         run_id=ports.run_id(allocation, options, facts, 1, 0),
+        # Simulated nodes share this machine: the file backend's directory may be private.
+        rendezvous_dir=_file_store_dir(options, 1) if options.rdzv_backend == "file" else options.rendezvous_dir,
     )
     node_plans = tuple(
         make_plan(allocation, replace(node_options, node_rank=rank), _simulated_node_facts(facts, rank, count)) for rank in range(count)

@@ -68,6 +68,22 @@ def _stacks_env(env: dict[str, str]) -> None:
         pass  # no fallback for hpctorch stacks; py-spy still works
 
 
+def _file_store_env(plan: Plan, env: dict[str, str]) -> None:
+    """``--rdzv-backend file``: the workers' FileStore (``filerdzv``), and the agents' backend."""
+    if plan.rdzv_backend != "file":
+        return
+    from . import filerdzv
+
+    directory = plan.rdzv_conf["path"]
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise HpctorchError(f"--rdzv-backend file: cannot create {directory}: {exc.strerror}", "give a writable directory with --rdzv-endpoint DIR") from None
+    env[filerdzv.WORKERS_ENV] = filerdzv.paths(directory, plan.run_id)[1]
+    if plan.mode == "per-node":
+        filerdzv.register()
+
+
 def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None:
     """Replace this process with the worker: no extra process, no torch import."""
     env = dict(os.environ if base_env is None else base_env)
@@ -78,6 +94,7 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
     command = worker_command(plan.command, per_rank_lists=False)
     if command != tuple(plan.command):
         _stacks_env(env)
+        _file_store_env(plan, env)
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:
@@ -160,6 +177,7 @@ def run_per_node(
     assert plan.master_addr is not None, "the exchange runs before the final plan"
     os.environ.update(plan.common_env)
     _stacks_env(os.environ)  # type: ignore[arg-type]
+    _file_store_env(plan, os.environ)  # type: ignore[arg-type]
     specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)
     config = _launch_config(plan, specs, prefix)
     from torch.distributed import DistError
@@ -250,6 +268,10 @@ def run_per_node(
         if summary_json:
             summary.write_json(summary_json)
     if failure is not None:
+        if plan.rdzv_backend == "file" and plan.is_master:
+            from .filerdzv import remove
+
+            remove(plan.rdzv_conf["path"], plan.run_id)  # a failed run's stores would confuse the next one
         raise failure
 
 
@@ -257,7 +279,7 @@ def _launch_config(plan: Plan, specs, prefix: bool):  # type: ignore[no-untyped-
     """torch's LaunchConfig for this node: hpctorch's choices, then torchrun's agent options as given."""
     from torch.distributed.launcher.api import LaunchConfig
 
-    if plan.rdzv_backend == "static":
+    if plan.rdzv_backend in ("static", "file"):
         rdzv_configs: dict[str, object] = {"rank": plan.node_rank, "timeout": plan.rdzv_timeout}
     else:
         rdzv_configs = {"join_timeout": plan.rdzv_timeout}

@@ -122,8 +122,9 @@ class Plan:
 
     @property
     def watched(self) -> bool:
-        """hpctorch's agreement check and watchdog run: every node known by its rank, the node count fixed."""
-        return self.node_rank_known and self.min_nodes is None
+        """hpctorch's agreement check and watchdog run: every node known by its rank, the node count
+        fixed, and a TCP store to share (not with ``--rdzv-backend file``)."""
+        return self.node_rank_known and self.min_nodes is None and self.rdzv_backend != "file"
 
     @property
     def nnodes(self) -> int:

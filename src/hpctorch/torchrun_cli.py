@@ -16,7 +16,7 @@ from .errors import HpctorchError
 
 START_METHODS = ("spawn", "fork", "forkserver")
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch's _AffinityMode values
-RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2", "file")
 DEFAULT_C10D_PORT = 29400  # torchrun's port for an endpoint given without one
 
 # dest -> LaunchConfig field, for the options that only configure torch's agent.
@@ -57,7 +57,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--rdzv-backend", "--rdzv_backend", choices=RDZV_BACKENDS, default=None,
         help="torch's rendezvous: static (hpctorch's default: every node knows the master), or c10d (torch's dynamic "
-             "rendezvous: elastic node counts, restarts across nodes)")
+             "rendezvous: elastic node counts, restarts across nodes), or file (torch's FileStore in a directory, "
+             "--rdzv-endpoint DIR: no TCP store)")
     add("--rdzv-endpoint", "--rdzv_endpoint", default=None, metavar="HOST[:PORT]", help="the rendezvous' host and port (c10d)")
     add("--rdzv-conf", "--rdzv_conf", default=None, metavar="K=V,...", help="rendezvous settings, as torchrun (join_timeout, ...)")
     add("--monitor-interval", "--monitor_interval", type=float, default=None, metavar="S", help="torch agent: seconds between worker checks")

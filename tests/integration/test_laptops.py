@@ -41,3 +41,32 @@ def test_simulated_nodes_on_a_laptop() -> None:
     done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "1", REPORT, env=laptop_env(), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sum(line.startswith("REPORT ") for line in unprefixed(done.stdout).splitlines()) == 2
+
+
+STORE_KIND = str(ROOT / "tests" / "fixtures" / "store_kind.py")
+
+
+def _stores(output: str) -> list[str]:
+    return sorted(line.split(" ", 1)[1] for line in unprefixed(output).splitlines() if line.startswith("STORE "))
+
+
+def test_file_rendezvous_on_one_node(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The seed's Windows path: torch's FileStore in a directory, no TCP store, script unchanged.
+    done = hpctorch("run", "--rdzv-backend", "file", "--rdzv-endpoint", str(tmp_path), "--nproc-per-node", "2", STORE_KIND,
+                    env=laptop_env(), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _stores(done.stdout) == [f"rank={r} kind=FileStore sum=2" for r in range(2)]
+    assert os.listdir(tmp_path) == [], "FileStore removes its files once every user closed them"
+
+
+def test_file_rendezvous_on_two_simulated_nodes() -> None:
+    done = hpctorch("run", "--rdzv-backend", "file", "--simulate-nodes", "2", "--nproc-per-node", "2", STORE_KIND, env=laptop_env(), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _stores(done.stdout) == [f"rank={r} kind=FileStore sum=4" for r in range(4)]
+
+
+def test_file_rendezvous_across_nodes_needs_a_shared_directory() -> None:
+    done = hpctorch("run", "--rdzv-backend", "file", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", REPORT,
+                    env=clean_env(), timeout=60)
+    assert done.returncode == 2
+    assert "needs a directory every node shares" in done.stderr and "--rdzv-endpoint DIR" in done.stderr
