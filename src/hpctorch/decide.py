@@ -117,6 +117,8 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
     mode, reasons["mode"] = _resolve_mode(allocation, options)
     nnodes = _check_nnodes(allocation, options)
     backend = options.rdzv_backend or "static"
+    if backend == "file":
+        _file_store_dir(options, nnodes)  # the one thing the file backend needs: checked first
     if options.min_nodes is not None and backend == "static":
         raise HpctorchError(f"--nnodes {options.min_nodes}:{nnodes} needs torch's dynamic rendezvous",
                             "add --rdzv-backend c10d (and --rdzv-endpoint HOST:PORT), as with torchrun")

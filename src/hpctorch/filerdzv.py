@@ -91,7 +91,11 @@ def register() -> None:
 def env_by_file(path: str) -> None:
     """In a worker: ``init_process_group``'s env:// (its default) rendezvous through torch's
     FileStore at ``path`` with RANK and WORLD_SIZE, instead of a TCPStore at MASTER_ADDR."""
-    from torch.distributed import FileStore, rendezvous
+    import importlib
+
+    from torch.distributed import FileStore
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not its function
 
     def handler(url: str, timeout=None, **_kwargs):  # type: ignore[no-untyped-def]
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

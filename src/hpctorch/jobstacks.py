@@ -147,8 +147,8 @@ class NodeStacks:
             parts.extend(more)
         missing = [self._host({}, n) for n in range(self.plan.nnodes) if n not in covered]
         merged = stackgroups.merge(parts)
-        if not merged:
-            return []
+        if all(group["text"] == "exited" for group in merged):
+            return []  # nobody left to show
         return stackgroups.summary(merged, self.plan.nnodes, own[1], missing, title)
 
 

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import shlex
+import sys
 
 from . import hostlist
 from .plan import TORCH_AGENT_VARS, Plan
+
+
+def command_line(argv, platform: str = sys.platform) -> str:  # type: ignore[no-untyped-def]
+    """``argv`` as one line to copy into this platform's shell: POSIX quoting, or on Windows the
+    rules CreateProcess and the C runtime parse back (spaces, backslashes, quotes)."""
+    import subprocess
+
+    return subprocess.list2cmdline(list(argv)) if platform == "win32" else shlex.join(argv)
 
 
 def _per_worker(plan: Plan, var: str) -> str:
@@ -49,12 +58,12 @@ def table(plan: Plan, explain: bool = False) -> str:
         ("rendezvous", f"{plan.rdzv_backend}, timeout {plan.rdzv_timeout} s", "rdzv_backend"),
         ("gpus", _per_worker(plan, "HPCTORCH_DEVICES"), "devices"),
         ("cpu bind", _per_worker(plan, "HPCTORCH_CPUS"), "cpu_bind"),
-        ("command", shlex.join(plan.command) if plan.command else "(none given)", ""),
+        ("command", command_line(plan.command) if plan.command else "(none given)", ""),
     ]
     if plan.container:
         rows.insert(1, ("container", plan.container, ""))
     if plan.mode == "relaunch":
-        rows.insert(2, ("relaunch", shlex.join(plan.relaunch), ""))
+        rows.insert(2, ("relaunch", command_line(plan.relaunch), ""))
     reasons = dict(plan.reasons)
     if plan.sources.get("profile"):
         name, _, why = plan.sources["profile"].partition(" (")
