@@ -38,6 +38,9 @@ class Launcher:
     is replaced by the node count. Empty: this launcher cannot be relaunched by hpctorch."""
     requeue: tuple[str, ...] = ()
     """The command that requeues a job, the job id appended; empty: none."""
+    mpi_libraries: tuple[str, ...] = ()
+    """An MPI launcher: the shared libraries of its MPI family, for mpi4py to load
+    (``MPI4PY_LIBMPI``: mpi4py's wheels carry both the MPICH and the Open MPI ABI)."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
 from .allocation import Allocation, launched_by_tasks
@@ -62,7 +63,8 @@ def mpi_exchange(allocation: Allocation, iface: str | None, timeout_s: float) ->
     # A PMI-1 launcher (Hydra, Flux, PALS) hands the task a socket in PMI_FD: the child's
     # MPI_Init needs it, and subprocess closes inherited descriptors unless told.
     pmi_fd = os.environ.get("PMI_FD", "")
-    child = subprocess.Popen([sys.executable, "-m", "hpctorch.bootstrap", iface or ""], stdout=subprocess.PIPE,
+    env, asked = _mpi4py_env(allocation, os.environ)
+    child = subprocess.Popen([sys.executable, "-m", "hpctorch.bootstrap", iface or ""], stdout=subprocess.PIPE, env=env,
                              stderr=subprocess.PIPE, text=True, pass_fds=(int(pmi_fd),) if pmi_fd.isdigit() else ())
     progress = Progress(timeout_s)
     deadline = time.monotonic() + timeout_s
@@ -91,9 +93,10 @@ def mpi_exchange(allocation: Allocation, iface: str | None, timeout_s: float) ->
         # Never a silent world of one: each task would run a job of its own.
         raise HpctorchError(
             f"{allocation.scheduler} started {allocation.ntasks} tasks ({allocation.sources.get('tasks_per_node', '')}), but "
-            f"MPI in this task sees a world of 1: mpi4py loaded {answer.get('library', 'another MPI')!r}, not the MPI of the launcher",
-            "point mpi4py at the launcher's MPI (MPI4PY_LIBMPI=libmpich.so.12 for MPICH, or pip install --no-binary mpi4py "
-            "mpi4py with that MPI's mpicc first on PATH)",
+            f"MPI in this task sees a world of 1: mpi4py loaded {answer.get('library', 'another MPI')} ({asked}), "
+            "not the MPI of the launcher",
+            "set MPI4PY_LIBMPI to the launcher's libmpi (its full path), or pip install --no-binary mpi4py mpi4py "
+            "with that MPI's mpicc first on PATH",
         )
     if answer["rank"] != allocation.task_rank:
         raise HpctorchError(
@@ -103,8 +106,60 @@ def mpi_exchange(allocation: Allocation, iface: str | None, timeout_s: float) ->
     return from_records(allocation, answer["rank"], answer["records"], answer["port"])
 
 
+def _mpi4py_env(allocation: Allocation, env: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """The child's environment: mpi4py's wheels carry both the MPICH and the Open MPI ABI and
+    load whichever ``libmpi.so`` the system points at, which need not be the launcher's MPI
+    (Debian: Open MPI's, under MPICH's mpiexec). Ask for the launcher's family unless the
+    user chose. Also: what was asked, for the error line."""
+    child = dict(env)
+    for var in ("MPI4PY_LIBMPI", "MPI4PY_MPIABI"):
+        if var in env:
+            return child, f"{var}={env[var]} from the environment"
+    libraries = allocation.launcher.mpi_libraries
+    if not libraries:
+        return child, "the system's libmpi"
+    child["MPI4PY_LIBMPI"] = os.pathsep.join(libraries)
+    return child, f"hpctorch asked for {' or '.join(libraries)}, {allocation.scheduler}'s family"
+
+
+def _mpich_soname_shim() -> None:
+    """Debian's and Ubuntu's MPICH ship libmpich.so.12 but no libmpi.so.12, the name mpi4py's
+    MPICH-ABI module links to (Intel MPI, MVAPICH2 and Cray MPICH have it). Then: a private
+    directory holding that name for the library, on LD_LIBRARY_PATH, and this child again
+    (the loader reads the path at start; an exec keeps PMI_FD)."""
+    if "libmpi.so.12" not in os.environ.get("MPI4PY_LIBMPI", "").split(os.pathsep) or os.environ.get("HPCTORCH_MPICH_SHIM"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libmpi.so.12")
+        return
+    except OSError:
+        pass
+    try:
+        ctypes.CDLL("libmpich.so.12")
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            real = next(line.split()[-1] for line in maps if "libmpich.so.12" in line)
+    except (OSError, StopIteration):
+        return
+    import tempfile
+
+    shim = os.path.join(tempfile.gettempdir(), f"hpctorch-{os.getuid()}", "mpich-abi")
+    os.makedirs(shim, mode=0o700, exist_ok=True)
+    link = os.path.join(shim, "libmpi.so.12")
+    if os.path.realpath(link) != os.path.realpath(real):
+        temporary = f"{link}.{os.getpid()}"
+        os.symlink(real, temporary)
+        os.replace(temporary, link)  # atomic: the other ranks of this node may be here too
+    env = dict(os.environ, HPCTORCH_MPICH_SHIM="1",
+               LD_LIBRARY_PATH=os.pathsep.join(p for p in (shim, os.environ.get("LD_LIBRARY_PATH")) if p))
+    os.execve(sys.executable, [sys.executable, "-m", "hpctorch.bootstrap", *sys.argv[1:]], env)
+
+
 def _child(iface: str) -> None:
     import socket
+
+    _mpich_soname_shim()
 
     from mpi4py import MPI
 
@@ -116,7 +171,8 @@ def _child(iface: str) -> None:
     records = comm.allgather((socket.gethostname(), address))
     port = free_port(address or "0.0.0.0") if rank == 0 else 0
     port = comm.bcast(port, root=0)
-    library = MPI.Get_library_version().strip().splitlines()[0] if MPI.Get_library_version().strip() else "?"
+    version = MPI.Get_library_version().replace("\x00", "").strip()
+    library = version.splitlines()[0].split(",")[0] if version else "?"
     sys.stdout.write(json.dumps({"rank": rank, "size": comm.Get_size(), "library": library, "records": records, "port": port}) + "\n")
     sys.stdout.flush()
     MPI.Finalize()

@@ -133,6 +133,15 @@ class Cluster:
             "--mca", "oob_tcp_if_include", "198.18.0.0/24", *argv,
         ]
 
+    def hydra(self, per_node: int, argv: Sequence[str]) -> list[str]:
+        """An MPICH (Hydra) command line over every node, ``per_node`` ranks each: its ssh
+        launcher is the stand-in that enters each node's namespace; proxies and ranks
+        connect back over the fabric (the management network does not route between nodes)."""
+        return [
+            "mpiexec.hydra", "-launcher", "ssh", "-launcher-exec", str(self.dir / "rsh-agent"), "-iface", "hsn0",
+            "-hosts", ",".join(self.names), "-np", str(per_node * self.count), "-ppn", str(per_node), *argv,
+        ]
+
     # ---- life cycle ------------------------------------------------------
     def up(self) -> "Cluster":
         self.down()

@@ -21,11 +21,17 @@ from ..errors import HpctorchError
 from ._parse import check_rank, env_int
 
 # (launcher, rank, size, local rank, local size, node index or None)
+OPEN_MPI = ("libmpi.so.40",)
+MPICH_ABI = ("libmpi.so.12", "libmpich.so.12")
+"""MPICH, Intel MPI, MVAPICH2 and Cray MPICH share MPICH's ABI: libmpi.so.12 (Debian's MPICH
+names it libmpich.so.12)."""
 FLAVOURS: tuple[tuple[Launcher, str, str, str, str, str | None], ...] = (
-    (Launcher("openmpi"), "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", None),
-    (Launcher("mvapich2"), "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE", None),
-    (Launcher("cray-pals"), "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", "PMI_LOCAL_SIZE", "PALS_NODEID"),
-    (Launcher("mpich"), "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
+    (Launcher("openmpi", mpi_libraries=OPEN_MPI), "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE", None),
+    (Launcher("mvapich2", mpi_libraries=MPICH_ABI), "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
+     "MV2_COMM_WORLD_LOCAL_SIZE", None),
+    (Launcher("cray-pals", mpi_libraries=MPICH_ABI), "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", "PMI_LOCAL_SIZE", "PALS_NODEID"),
+    (Launcher("mpich", mpi_libraries=MPICH_ABI), "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
 )
 JOB_ID_VARS = ("PMIX_NAMESPACE", "PALS_APID", "PMI_JOBID")
 
