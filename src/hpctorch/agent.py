@@ -1,10 +1,10 @@
-"""``python -m hpctorch.agent``: one simulated node's agent (see launch.run_simulated)."""
+"""``python -m hpctorch.agent``: one simulated node's agent (see simulated.run_simulated)."""
 
 from __future__ import annotations
 
 import sys
 
-from .launch import run_agent_from_env
+from .simulated import run_agent_from_env
 
 if __name__ == "__main__":
     sys.exit(run_agent_from_env())

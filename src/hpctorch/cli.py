@@ -257,7 +257,7 @@ def _stacks(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from . import launch
+    from . import launch, simulated
 
     _check_script(args)
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
@@ -283,7 +283,7 @@ def _run(args: argparse.Namespace) -> int:
         print(plan.table() if args.verbose else banner(plan), file=sys.stderr, flush=True)
     try:
         if plan.simulated:
-            launch.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console,
+            simulated.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console,
                                  quiet=args.quiet, summary_json=args.summary_json, local_ranks=local_ranks, stall=stall)
         else:
             launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue,

@@ -76,3 +76,17 @@ def test_hydra_inside_a_slurm_step_is_mpi_and_srun_pmi_is_slurm() -> None:
     # Hydra's proxies are the step's tasks; the ranks below them have their own PMI values.
     hydra = detect({**step, "PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"})
     assert (hydra.scheduler, hydra.task_rank, hydra.tasks_per_node) == ("mpich", 5, (4, 4))
+
+
+def test_mpi4py_is_asked_for_the_launchers_mpi_family_unless_the_user_chose() -> None:
+    from hpctorch import bootstrap
+    from hpctorch.schedulers import detect
+
+    hydra = {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1", "PMI_FD": "6"}
+    env, why = bootstrap._mpi4py_env(detect(hydra), hydra)
+    assert env["MPI4PY_LIBMPI"].split(":") == ["libmpi.so.12", "libmpich.so.12"] and "mpich's family" in why
+    openmpi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    assert bootstrap._mpi4py_env(detect(openmpi), openmpi)[0]["MPI4PY_LIBMPI"] == "libmpi.so.40"
+    chosen = {**hydra, "MPI4PY_LIBMPI": "/opt/cray/libmpi.so.12"}
+    env, why = bootstrap._mpi4py_env(detect(chosen), chosen)
+    assert env["MPI4PY_LIBMPI"] == "/opt/cray/libmpi.so.12" and why == "MPI4PY_LIBMPI=/opt/cray/libmpi.so.12 from the environment"
