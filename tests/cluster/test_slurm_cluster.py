@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import ROOT
-from .conftest import PYTHON, TOY, assert_trained_across_nodes
+from .conftest import PYTHON, TOY, assert_trained_across_nodes, toy_ranks
 from .harness import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -165,3 +165,17 @@ def test_every_slurm_script_submit_writes_passes_sbatch_test_only(cluster: Clust
     script.write_text(written.stdout)
     checked = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "sbatch", "--test-only", str(script)], timeout=30)
     assert checked.returncode == 0 and "to start at" in checked.stderr, checked.stderr
+
+
+def test_arbitrary_distribution_masters_on_the_node_of_task_0(cluster: Cluster, job_dir: Path) -> None:
+    # srun -m arbitrary: task 0 on node2, although Slurm's sorted node list starts with node1.
+    hosts = job_dir / "hosts"
+    hosts.write_text("node2\nnode1\n")
+    done = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-m", "arbitrary", "-n2", "--kill-on-bad-exit=1",
+                                 *HPCTORCH, "run", "--nproc-per-node", "2", TOY, "--steps", "6"], SLURM_HOSTFILE=str(hosts))
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = toy_ranks(done.stdout)
+    assert sorted(int(r["rank"]) for r in ranks) == [0, 1, 2, 3], done.stdout[-2000:]
+    for r in ranks:  # node rank 0 is node2, holding ranks 0-1; one master, on node2's fabric address
+        assert r["host"] == ("node2" if int(r["rank"]) < 2 else "node1") and r["master"].startswith("198.18.0.2:"), r
+    assert "done world=4" in done.stdout

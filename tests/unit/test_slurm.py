@@ -145,3 +145,19 @@ def test_an_endpoint_outside_the_job_is_refused() -> None:
                                            command=("x",)), facts(resolved={"node1": ("198.18.0.1",)}))
     assert (inside.master_addr, inside.master_port, inside.rdzv_backend) == ("198.18.0.1", 29500, "c10d")
     assert inside.reasons["master_port"] == "--rdzv-endpoint"
+
+
+def test_arbitrary_distribution_puts_the_node_of_task_0_first(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # srun -m arbitrary with SLURM_HOSTFILE: task 0 on n2, although the sorted list starts with n1.
+    from hpctorch.schedulers import detect
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("n2\nn2\nn1\nn1\n")
+    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+           "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "0", "SLURM_NODEID": "1", "SLURM_LOCALID": "0",
+           "SLURM_DISTRIBUTION": "arbitrary", "SLURM_HOSTFILE": str(hosts)}
+    allocation = detect(env)
+    assert allocation.nodes == ("n2", "n1") and allocation.node_rank == 0
+    other = detect({**env, "SLURM_PROCID": "2", "SLURM_NODEID": "0"})
+    assert other.nodes == ("n2", "n1") and other.node_rank == 1
+    assert detect({**env, "SLURM_DISTRIBUTION": "block"}).nodes == ("n1", "n2")

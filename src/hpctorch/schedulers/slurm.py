@@ -5,7 +5,8 @@ Read: SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST / SLURM_JOB_NODELIST,
 SLURM_STEP_NUM_NODES / SLURM_NNODES, SLURM_STEP_TASKS_PER_NODE /
 SLURM_TASKS_PER_NODE (``2(x3),1``), SLURM_STEP_NUM_TASKS / SLURM_NTASKS,
 SLURM_PROCID, SLURM_NODEID, SLURM_LOCALID,
-SLURM_STEP_RESV_PORTS, SLURM_SUBMIT_DIR. Step variables win over job variables. Outside a step (the
+SLURM_STEP_RESV_PORTS, SLURM_SUBMIT_DIR; with SLURM_DISTRIBUTION=arbitrary (``srun -m
+arbitrary``), SLURM_HOSTFILE for the node of task 0. Step variables win over job variables. Outside a step (the
 batch script, an salloc shell) on several nodes, hpctorch relaunches itself with
 ``srun``, one task per node (``LAUNCHER.relaunch``); ``scontrol requeue`` requeues.
 """
@@ -45,6 +46,25 @@ def _first(env: Mapping[str, str], *names: str) -> tuple[str | None, str | None]
         if env.get(name):
             return env[name], name
     return None, None
+
+
+def _task_order(path: str, nodes: tuple[str, ...], tasks: tuple[int, ...], node_rank: int | None) -> tuple[tuple[str, ...], tuple[int, ...], int | None]:
+    """``srun -m arbitrary``: SLURM_HOSTFILE names each task's host in task order, and the node
+    list is sorted, so task 0 (the master) may run on any node. Nodes in the order their
+    first task appears; SLURM_NODEID counts in the sorted list."""
+    try:
+        with open(path, encoding="utf-8") as source:
+            hosts = [line.split()[0] for line in source if line.strip() and not line.lstrip().startswith("#")]
+    except OSError as exc:
+        raise HpctorchError(f"SLURM_HOSTFILE={path} (srun -m arbitrary) cannot be read: {exc.strerror}",
+                            "keep the host file where every node can read it until the step ends") from None
+    order = [h for i, h in enumerate(hosts) if h in nodes and h not in hosts[:i]]
+    if sorted(order) != sorted(nodes):
+        raise HpctorchError(f"SLURM_HOSTFILE={path} names {', '.join(sorted(set(hosts)))}, not the step's nodes {', '.join(nodes)}",
+                            "point SLURM_HOSTFILE at the file this step was started with")
+    counts = dict(zip(nodes, tasks))
+    mine = nodes[node_rank] if node_rank is not None else None
+    return tuple(order), tuple(counts[n] for n in order), (order.index(mine) if mine is not None else None)
 
 
 def detect(env: Mapping[str, str]) -> Allocation | None:
@@ -101,6 +121,9 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
     if node_rank is not None:
         check_rank("SLURM_LOCALID", local, f"tasks on node {node_rank}", tasks[node_rank])
     sources.update(task_rank="SLURM_PROCID", node_rank="SLURM_NODEID", local_task_rank="SLURM_LOCALID", step_id="SLURM_STEP_ID")
+    if env.get("SLURM_DISTRIBUTION", "").startswith("arbitrary") and env.get("SLURM_HOSTFILE"):
+        nodes, tasks, node_rank = _task_order(env["SLURM_HOSTFILE"], nodes, tasks, node_rank)
+        sources["nodes"] = "SLURM_HOSTFILE (srun -m arbitrary: the node of task 0 first)"
     resv = env.get("SLURM_STEP_RESV_PORTS")
     port = int(resv.split("-")[0].split(",")[0]) if resv and resv[0].isdigit() else None
     if port is not None:
