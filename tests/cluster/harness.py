@@ -52,7 +52,7 @@ def missing_requirements() -> list[str]:
     missing = []
     if os.geteuid() != 0:
         missing.append("root")
-    for tool in ("ip", "nsenter", "unshare", "munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "mpirun"):
+    for tool in ("ip", "nsenter", "unshare", "munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "mpirun.openmpi", "mpiexec.hydra"):
         if shutil.which(tool) is None:
             missing.append(tool)
     if not missing:
@@ -122,7 +122,7 @@ class Cluster:
         subprocess.run(["scancel", job_id], env=self.env(), timeout=10, check=False)
         return f"TIMEOUT ({state})"
 
-    def mpirun(self, per_node: int, argv: Sequence[str], mpirun: str = "mpirun") -> list[str]:
+    def mpirun(self, per_node: int, argv: Sequence[str], mpirun: str = "mpirun.openmpi") -> list[str]:
         """An OpenMPI command line over every node, ``per_node`` ranks each, started by
         the ssh stand-in that enters each node's namespace."""
         hosts = ",".join(f"{node}:{per_node}" for node in self.names)

@@ -53,10 +53,10 @@ def test_init_applies_the_binding_it_plans() -> None:
     import subprocess
     import sys
 
-    require(shutil.which("mpirun") is not None, "mpirun is not installed")
+    require(shutil.which("mpirun.openmpi") is not None, "Open MPI (mpirun.openmpi) is not installed")
     require(len(os.sched_getaffinity(0)) >= 2, "needs 2 CPUs to split")
     script = str(ROOT / "tests" / "fixtures" / "init_affinity.py")
-    done = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, script],
+    done = subprocess.run(["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, script],
                           capture_output=True, text=True, env=clean_env(), timeout=240, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     reports = _reports(done.stdout)

@@ -25,9 +25,9 @@ def test_per_node_on_two_simulated_nodes(framework: str) -> None:
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_per_task_under_mpirun(framework: str) -> None:
-    require(shutil.which("mpirun") is not None, "mpirun is not installed")
+    require(shutil.which("mpirun.openmpi") is not None, "Open MPI (mpirun.openmpi) is not installed")
     script = example(framework)
-    done = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", sys.executable, "-m", "hpctorch", "run", script],
+    done = subprocess.run(["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-np", "4", sys.executable, "-m", "hpctorch", "run", script],
                           capture_output=True, text=True, env=clean_env(), timeout=240, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert reported(done.stdout, framework) == expected(framework, [(r, r, 4, 0) for r in range(4)])

@@ -51,6 +51,19 @@ def test_pbs_job_script_on_several_nodes_says_how_to_launch(tmp_path: Path) -> N
         detect({"PBS_JOBID": "1", "PBS_NODEFILE": str(tmp_path / "missing")})
 
 
+def test_pbs_job_script_relaunches_itself_with_pals_mpiexec(tmp_path: Path) -> None:
+    # HPE Cray EX (Polaris, Aurora): PALS's mpiexec on PATH passes the environment and the
+    # working directory on, so the job script may start one hpctorch per node itself.
+    nodefile = slot_file(tmp_path, "nodefile", ["x3001c0s1b0n0", "x3001c0s1b1n0", "x3001c0s7b0n0"])
+    env = {"PBS_JOBID": "123.polaris-pbs-01", "PBS_NODEFILE": nodefile, "PBS_O_WORKDIR": "/eagle/u",
+           "PATH": "/opt/cray/pals/1.3.4/bin:/usr/bin"}
+    a = detect(env)
+    assert (a.launched, a.nodes, a.relaunch_command()) == (Launched.BATCH, ("x3001c0s1b0n0", "x3001c0s1b1n0", "x3001c0s7b0n0"),
+                                                          ("mpiexec", "-n", "3", "--ppn", "1"))
+    plan = make_plan(a, Options(command=("x",)), facts())
+    assert plan.mode == "relaunch" and plan.relaunch == ("mpiexec", "-n", "3", "--ppn", "1")
+
+
 def test_lsf_under_jsrun(tmp_path: Path) -> None:
     rankfile = slot_file(tmp_path, "rankfile", ["h41n01"] * 6 + ["h41n02"] * 6)
     env = {"LSB_JOBID": "777", "LSB_DJOB_RANKFILE": rankfile, "LS_SUBCWD": "/gpfs/u",

@@ -4,18 +4,29 @@ variables"; Torque Administrator Guide, "Exported batch environment variables").
 Read: PBS_JOBID, PBS_NODEFILE (one line per slot), PBS_O_WORKDIR, and under
 Torque's ``pbsdsh -u`` PBS_NODENUM (this node's index). Under ``mpiexec`` on a Cray
 system the PALS variables are read by the MPI detector first.
+
+A job script on several nodes relaunches itself one task per node with PALS's ``mpiexec -n
+NODES --ppn 1`` when PALS is on PATH (HPE Cray EX: /opt/cray/pals/<version>/bin; it passes
+the environment and the working directory on). Not with ``pbsdsh``: its tasks start in the
+home directory with PBS's variables only (Torque and OpenPBS manuals), so a virtual
+environment or module set up in the script would be lost; the error says how instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation, Launcher
+from ..allocation import Allocation, Launched, Launcher
 from ..errors import HpctorchError
 from ._hostfiles import group_slots, read_slot_file
 from ._parse import check_rank, env_int
 
 LAUNCHER = Launcher("pbs", requeue=("qrerun",))
+PALS = Launcher("pbs", requeue=("qrerun",), relaunch=("mpiexec", "-n", "{nnodes}", "--ppn", "1"))
+
+
+def _pals_on_path(env: Mapping[str, str]) -> bool:
+    return any("/pals/" in entry for entry in env.get("PATH", "").split(":"))
 
 
 def detect(env: Mapping[str, str]) -> Allocation | None:
@@ -36,6 +47,11 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         return Allocation(
             launcher=LAUNCHER, nodes=nodes, tasks_per_node=(1,) * len(nodes), job_id=job_id,
             task_rank=node_rank, node_rank=node_rank, local_task_rank=0,
+            submit_dir=env.get("PBS_O_WORKDIR"), sources=sources,
+        )
+    if len(nodes) > 1 and _pals_on_path(env):
+        return Allocation(
+            launcher=PALS, nodes=nodes, tasks_per_node=(1,) * len(nodes), launched=Launched.BATCH, job_id=job_id,
             submit_dir=env.get("PBS_O_WORKDIR"), sources=sources,
         )
     if len(nodes) > 1:
