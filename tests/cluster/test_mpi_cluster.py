@@ -61,6 +61,17 @@ def test_init_under_hydra_without_a_launcher(cluster: Cluster) -> None:
     assert_trained_across_nodes(done.stdout)
 
 
+def test_hydra_inside_a_slurm_job_is_read_as_mpi(cluster: Cluster, job_dir) -> None:  # type: ignore[no-untyped-def]
+    # Hydra's Slurm bootstrap: srun starts one proxy per node (the step's tasks), the ranks
+    # below them carry Hydra's PMI values, not the step's.
+    script = job_dir / "job.sh"
+    script.write_text(f"#!/bin/sh\nmpiexec.hydra -bootstrap slurm -iface hsn0 -np 4 -ppn 2 {PYTHON} -m hpctorch run {TOY} --steps 6\n")
+    state, output = cluster.sbatch(job_dir, script, "-N2", "--ntasks-per-node=2")
+    assert state == "COMPLETED", output[-3000:]
+    assert_trained_across_nodes(output)
+    assert {r["agent"] for r in toy_ranks(output)} == {"none"}
+
+
 def test_mpi4py_on_another_mpi_than_the_launchers_is_one_line_not_a_world_of_one(cluster: Cluster) -> None:
     # Open MPI's library under MPICH's mpiexec: MPI_Init sees a singleton. Before, one node
     # then ran a local job on loopback and "succeeded".
