@@ -76,16 +76,22 @@ def gpus(env: Mapping[str, str], root: str = "/") -> Gpus:
         if var in env and not bus_ids:
             ids = _visible_list(env[var])
             return Gpus("amd", ids, (None,) * len(ids), var)
+    slurm_gpus = env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS") or ""
+    granted = [int(i) if i.strip().isdigit() else None for i in slurm_gpus.split(",") if i.strip()]
     if "CUDA_VISIBLE_DEVICES" in env:
         ids = _visible_list(env["CUDA_VISIBLE_DEVICES"])
         physical = [int(i) if i.isdigit() else None for i in ids]
         source = "CUDA_VISIBLE_DEVICES"
-    elif env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"):
+        if granted and physical != granted and all(p is not None and p < len(granted) for p in physical):
+            # Slurm's ConstrainDevices: CUDA counts from 0 within the job's GPUs, which
+            # SLURM_STEP_GPUS names machine-wide (/proc/driver/nvidia lists them all).
+            physical = [granted[p] for p in physical]  # type: ignore[index]
+            source = "CUDA_VISIBLE_DEVICES within SLURM_STEP_GPUS"
+    elif granted:
         # Slurm's cgroup hides the others: CUDA numbers the granted ones from 0.
-        var = "SLURM_STEP_GPUS" if env.get("SLURM_STEP_GPUS") else "SLURM_JOB_GPUS"
-        physical = [int(i) if i.strip().isdigit() else None for i in env[var].split(",") if i.strip()]
+        physical = granted
         ids = tuple(str(i) for i in range(len(physical)))
-        source = var
+        source = "SLURM_STEP_GPUS" if env.get("SLURM_STEP_GPUS") else "SLURM_JOB_GPUS"
     elif bus_ids:
         ids = tuple(str(i) for i in range(len(bus_ids)))
         physical, source = list(range(len(bus_ids))), "/proc/driver/nvidia/gpus"

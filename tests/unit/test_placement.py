@@ -78,6 +78,17 @@ def test_cuda_visible_devices_narrows_and_keeps_numa(tmp_path: Path) -> None:
     assert [w.env["HPCTORCH_CPUS"] for w in plan.workers] == ["8-11", "12-15"]
 
 
+def test_constrained_devices_count_within_the_jobs_gpus(tmp_path: Path) -> None:
+    # ConstrainDevices=yes: the job got physical GPUs 2,3 (NUMA 1); CUDA sees them as 0,1.
+    env = {"SLURM_STEP_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}
+    found = devices.gpus(env, str(fake_node(tmp_path)))
+    assert (found.ids, found.numa) == (("0", "1"), (1, 1))
+    plan = make_plan(detect({}), Options(command=("x",)), node_facts(tmp_path, env))
+    assert [w.env["HPCTORCH_CPUS"] for w in plan.workers] == ["8-11", "12-15"]
+    # Without it Slurm exports the machine-wide indices in both: the same GPUs.
+    assert devices.gpus({"SLURM_STEP_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "2,3"}, str(tmp_path)).numa == (1, 1)
+
+
 def test_uuid_and_mig_ids_count_but_have_no_numa(tmp_path: Path) -> None:
     env = {"CUDA_VISIBLE_DEVICES": "MIG-4f5e6a7b-1111-2222-3333-444455556666,MIG-4f5e6a7b-1111-2222-3333-444455556667,GPU-8a1b"}
     found = devices.gpus(env, str(fake_node(tmp_path)))
