@@ -201,6 +201,8 @@ def _options(args: argparse.Namespace) -> Options:
         gpus_per_proc=args.gpus_per_proc,
         cpu_bind=args.cpu_bind,
         standalone=args.standalone,
+        torch_agent_for=tuple(flag for flag, given in (("--tee", args.tee), ("--redirects", args.redirects),
+                                                       ("--stall-timeout", getattr(args, "stall_timeout", None))) if given),
         command=_worker_command(args),
     )
 
@@ -285,6 +287,11 @@ def _run(args: argparse.Namespace) -> int:
         if plan.simulated:
             simulated.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console,
                                  quiet=args.quiet, summary_json=args.summary_json, local_ranks=local_ranks, stall=stall)
+        elif plan.starter == "hpctorch":
+            from . import supervisor
+
+            supervisor.run_node(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console, local_ranks=local_ranks,
+                                quiet=args.quiet, summary_json=args.summary_json, requeue=args.requeue)
         else:
             launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue,
                                 prefix=not args.no_prefix, console_ranks=console, quiet=args.quiet, summary_json=args.summary_json,

@@ -204,12 +204,30 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
             common["command"] = (*options.command, f"{options.local_rank_arg}=${{local_rank}}")
         env.update(bind_sets)
         base = sum(nproc_per_node[:node_rank])
-        # Only with the bind wrapper does each worker get its own variables (launch.BIND_WRAPPER).
+        # Only through the worker entry does each worker get its own variables (_worker.py).
         workers = tuple(
             Worker(node_rank, local, base + local, {**env, **(placement.worker_vars(where, local, facts, omp_from_user) if bind_sets else {})})
             for local in range(count)
         )
+        common["starter"], reasons["starter"] = _starter(options, nnodes)
     return Plan(iface=where_master.iface.name if where_master.iface else None, workers=workers, common_env=env, **common)  # type: ignore[arg-type]
+
+
+def _starter(options: Options, nnodes: int) -> tuple[str, str]:
+    """Per node: torch's elastic agent, unless nothing needs it. It imports torch (about a
+    second) before it starts any worker; one node without restarts does not need it."""
+    needs = list(options.torch_agent_for)
+    if nnodes > 1:
+        needs.append(f"{nnodes} nodes share its store (the whole-job watchdog)")
+    if options.max_restarts:
+        needs.append(f"--max-restarts {options.max_restarts}")
+    if options.agent:
+        needs.append("torchrun's agent options")
+    if options.rdzv_backend:
+        needs.append(f"--rdzv-backend {options.rdzv_backend}")
+    if needs:
+        return "torch", "torch's elastic agent: " + ", ".join(needs)
+    return "hpctorch", "one node, no restarts: hpctorch starts the workers itself (torch's agent would import torch first)"
 
 
 def _rdzv_conf(options: Options, facts: HostFacts, backend: str, master: str | None, nnodes: int) -> dict[str, str]:

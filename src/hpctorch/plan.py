@@ -50,6 +50,8 @@ class Options:
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     agent: Mapping[str, object] = field(default_factory=dict)
     """LaunchConfig fields the user set with torchrun's agent options (``torchrun_cli.AGENT``)."""
+    torch_agent_for: tuple[str, ...] = ()
+    """Options given that only torch's elastic agent serves (``--tee``, ``--stall-timeout``...)."""
     local_rank_arg: str | None = None
     """Also pass the local rank as ``SPELLING=N`` (torch.distributed.launch's scripts)."""
     master_flag: str = "--master-addr"
@@ -119,6 +121,10 @@ class Plan:
     """This node's address on the chosen interface (what torch's c10d rendezvous advertises)."""
     agent: Mapping[str, object] = field(default_factory=dict)
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
+    starter: str = "torch"
+    """Per-node mode: who starts this node's workers: ``torch`` (its elastic agent) or
+    ``hpctorch`` (``supervisor``: one node, nothing only torch's agent does; no torch import
+    before the workers start)."""
 
     @property
     def watched(self) -> bool:

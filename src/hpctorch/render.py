@@ -22,6 +22,10 @@ def _per_worker(plan: Plan, var: str) -> str:
     return "; ".join(f"rank {rank}: {value}" for rank, value in sets if value) or "none"
 
 
+def _starter(plan: Plan) -> str:
+    return "hpctorch (no torch agent)" if plan.starter == "hpctorch" else "torch's elastic agent"
+
+
 def _master(plan: Plan) -> str:
     if plan.master_addr is not None:
         return plan.master_addr
@@ -49,6 +53,7 @@ def table(plan: Plan, explain: bool = False) -> str:
     rows = [
         ("scheduler", plan.scheduler + (f" job {plan.job_id}" if plan.job_id else ""), "scheduler"),
         ("mode", plan.mode + (" (simulated nodes)" if plan.simulated else ""), "mode"),
+        *([("started by", _starter(plan), "starter")] if plan.mode == "per-node" else []),
         ("nodes", f"{count}: {nodes}", "nodes"),
         ("node rank", f"{rank} of {count}", "node_rank"),
         ("processes", f"{per_node} per node, world size {world}", "nproc_per_node"),
@@ -113,6 +118,7 @@ def banner(plan: Plan) -> str:
     port = str(plan.master_port) if plan.master_port else "(free port)"
     rows = [
         ("mode", plan.mode + (" (simulated nodes)" if plan.simulated else ""), plan.reasons.get("mode", "")),
+        *([("started by", _starter(plan), plan.reasons.get("starter", ""))] if plan.mode == "per-node" and not plan.simulated else []),
         ("master", _master(plan), plan.reasons.get("master_addr", "")),
         ("interface", plan.iface or "(left to torch)", plan.reasons.get("iface", "")),
         ("port", port, plan.reasons.get("master_port", "")),

@@ -101,12 +101,12 @@ def test_a_stall_is_dumped_once_and_the_job_goes_on(job_factory) -> None:  # typ
 
 
 def test_a_stall_with_kill_ends_the_job_with_the_stacks(job_factory) -> None:  # type: ignore[no-untyped-def]
-    job = job_factory("--simulate-nodes", "2", "--nproc-per-node", "2", "--stall-timeout", "3", "--stall-action", "kill")
+    job = job_factory("--simulate-nodes", "2", "--nproc-per-node", "2", "--stall-timeout", "6", "--stall-action", "kill")
     assert job.process.wait(timeout=HANG_GUARD_S) != 0
     text = "".join(job.output)
     assert "where the other ranks were when the job was stopped: 4 rank(s) on 2 node(s)" in text, text
     assert re.search(r"  rank 3 \(.*\): stuck_here hang\.py:\d+", text), text
-    assert "no rank wrote any output for 3 s (--stall-timeout)" in text
+    assert "no rank wrote any output for 6 s (--stall-timeout)" in text
 
 
 def test_when_a_rank_dies_the_survivors_stacks_come_first(job_factory) -> None:  # type: ignore[no-untyped-def]
@@ -118,3 +118,13 @@ def test_when_a_rank_dies_the_survivors_stacks_come_first(job_factory) -> None: 
     assert re.search(r"where the other ranks were when the job was stopped: \d rank\(s\) on 2 node\(s\), by faulthandler", text), text
     assert re.search(r"  rank 3 \(.*\): stuck_here hang\.py:\d+", text), text
     assert text.index("where the other ranks were") < text.index("hpctorch: failed after")
+
+
+def test_one_node_without_torchs_agent_shows_the_survivors_too(job_factory) -> None:  # type: ignore[no-untyped-def]
+    # One node: hpctorch starts the workers itself (supervisor.py); the same teardown summary.
+    job = job_factory("--nproc-per-node", "3", HANG_EXIT_RANK="0", HANG_RANK="2")
+    assert job.process.wait(timeout=HANG_GUARD_S) == 1
+    text = "".join(job.output)
+    assert "started by hpctorch (no torch agent)" in text
+    assert re.search(r"  rank 2 \(\S+\): stuck_here hang\.py:\d+", text), text
+    assert re.search(r"hpctorch: rank 0 \(local rank 0\) exited with code 3", text), text

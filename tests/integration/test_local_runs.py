@@ -134,3 +134,15 @@ def test_output_is_prefixed_filtered_and_kept_per_rank(tmp_path: Path) -> None:
     assert sorted(int(re.search(r"^rank=(\d)", t, re.M).group(1)) for t in texts) == [0, 1, 2, 3]
     plain = hpctorch("run", "--no-prefix", "--nproc-per-node", "2", str(EXAMPLES / "toy_ddp.py"), "--steps", "2", env=clean_env(), timeout=300)
     assert plain.returncode == 0 and "[rank" not in plain.stdout and "done world=2" in plain.stdout
+
+
+def test_one_node_is_started_by_hpctorch_unless_torchs_agent_is_needed() -> None:
+    def starter(*args: str) -> str:
+        done = hpctorch("plan", "--nproc-per-node", "2", *args, REPORT, env=clean_env())
+        assert done.returncode == 0, done.stderr
+        return next(line for line in done.stdout.splitlines() if line.strip().startswith("started by"))
+
+    assert "hpctorch (no torch agent)" in starter()
+    assert "torch's elastic agent" in starter("--max-restarts", "2") and "--max-restarts 2" in starter("--max-restarts", "2")
+    assert "torch's elastic agent" in starter("--simulate-nodes", "2")
+    assert "torch's elastic agent" in starter("--rdzv-backend", "c10d")

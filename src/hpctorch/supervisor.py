@@ -1,0 +1,197 @@
+"""One node's workers started by hpctorch itself (``Plan.starter == "hpctorch"``).
+
+torch's elastic agent imports torch (about a second of CPU) before it starts any worker, and
+on one node without restarts it adds nothing the workers need: they rendezvous through
+torch's own env:// store (rank 0's TCPStore at MASTER_ADDR:MASTER_PORT), as under torchrun.
+This keeps everything else: torchrun's environment contract, each worker through
+``_worker.py`` (CPU and device lists, the faulthandler fallback), ``[rank R]:`` prefixed
+output with a copy per rank in the log directory (torch's layout), the first failure named
+with the survivors' stacks, the others stopped (SIGTERM, SIGKILL after ``STOP_GRACE_S``),
+signals passed on, the closing summary.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO
+
+from .initialize import PREEMPT_SIGNALS
+from .launch import STOP_GRACE_S, WorkersFailed, _process_start, _requeue_if_preempted, _stacks_env, worker_command
+from .plan import Plan
+from .workerenv import torch_contract
+
+POLL_S = 0.05
+
+
+def _reserve(address: str, port: int) -> tuple[socket.socket | None, int]:
+    """The port rank 0's store will listen on, held until the job ends: bound with
+    SO_REUSEADDR and never listening, so torch's store (which sets SO_REUSEADDR too) can
+    take it while no other process's bind can (32 jobs started at once never share one)."""
+    if port:
+        return None, port
+    held = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind((address, 0))
+    return held, held.getsockname()[1]
+
+
+def _worker_env(plan: Plan, local: int, port: int, error_file: str) -> dict[str, str]:
+    worker = plan.workers[local]
+    env = dict(os.environ)
+    env.update(worker.env)
+    env.update(torch_contract(worker.rank, local, plan.node_rank, plan.nproc_per_node, plan.master_addr or "127.0.0.1", port, plan.run_id))
+    env.update(TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_USE_AGENT_STORE="False",
+               TORCHELASTIC_ERROR_FILE=error_file)
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torch's agent
+    return env
+
+
+class _Output:
+    """Each worker's two streams: to the console with the rank's prefix (when shown) and to
+    ``<dir>/<local rank>/stdout.log``/``stderr.log``, line by line."""
+
+    def __init__(self, root: str, prefix: bool, shown: set[int] | None) -> None:
+        self.root, self.prefix, self.shown = root, prefix, shown
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def follow(self, rank: int, local: int, stream: IO[bytes], console: IO[str], name: str) -> None:
+        path = os.path.join(self.root, str(local))
+        os.makedirs(path, exist_ok=True)
+        thread = threading.Thread(target=self._copy, args=(rank, stream, console, os.path.join(path, name)), daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _copy(self, rank: int, stream: IO[bytes], console: IO[str], path: str) -> None:
+        head = f"[rank {rank}]: " if self.prefix else ""
+        show = self.shown is None or rank in self.shown
+        with open(path, "wb") as log:
+            for raw in iter(stream.readline, b""):
+                log.write(raw)
+                log.flush()
+                if show:
+                    line = raw.decode("utf-8", errors="replace")
+                    with self.lock:
+                        console.write(head + line if line.endswith("\n") else head + line + "\n")
+                        console.flush()
+
+    def drain(self, timeout_s: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None,
+             local_ranks: set[int] | None = None, quiet: bool = False, summary_json: str | None = None, requeue: bool = False) -> None:
+    """Start this node's workers, wait for them; raises WorkersFailed naming the first failure."""
+    started = _process_start()
+    os.environ.update(plan.common_env)
+    _stacks_env(os.environ)  # type: ignore[arg-type]
+    held, port = _reserve(plan.master_addr or "127.0.0.1", plan.master_port)
+    root = os.path.join(log_dir or tempfile.mkdtemp(prefix="hpctorch_"), plan.run_id, "attempt_0")
+    shown = console_ranks if console_ranks is not None else ({w.rank for w in plan.workers if w.local_rank in local_ranks} if local_ranks else None)
+    output = _Output(root, prefix, shown)
+    has_lists = any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS"))
+    workers: list[subprocess.Popen] = []
+    received: list[int] = []
+    preempted: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous.update({s: signal.signal(s, lambda signum, _f: (preempted.append(signum), _send(workers, signum))) for s in PREEMPT_SIGNALS})
+    try:
+        for worker in plan.workers:
+            local = worker.local_rank
+            command = [part.replace("${local_rank}", str(local)) for part in worker_command(plan.command, has_lists)]
+            error_file = os.path.join(root, str(local), "error.json")
+            os.makedirs(os.path.dirname(error_file), exist_ok=True)
+            process = subprocess.Popen(command, env=_worker_env(plan, local, port, error_file), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, start_new_session=True)
+            workers.append(process)
+            output.follow(worker.rank, local, process.stdout, sys.stdout, "stdout.log")  # type: ignore[arg-type]
+            output.follow(worker.rank, local, process.stderr, sys.stderr, "stderr.log")  # type: ignore[arg-type]
+        failure = _wait(plan, workers, received, root)
+    except OSError as exc:
+        _stop(workers)
+        from .errors import HpctorchError
+
+        raise HpctorchError(f"cannot start {plan.command[0]!r}: {exc.strerror}", "check the command and PATH") from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held is not None:
+            held.close()
+    output.drain()
+    _requeue_if_preempted(plan, preempted, requeue)
+    if not quiet or summary_json:
+        from .summary import Summary
+
+        summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, {}, os.path.dirname(root),
+                             failure.line if failure else None)
+        if not quiet:
+            print(summary.line(), file=sys.stderr, flush=True)
+        if summary_json:
+            summary.write_json(summary_json)
+    if failure is not None:
+        raise failure
+
+
+def _wait(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int], root: str) -> WorkersFailed | None:
+    """Until all exit 0, or the first failure or signal: then the survivors' stacks, and stop them."""
+    while True:
+        codes = [w.poll() for w in workers]
+        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+        if received or failed is not None:
+            break
+        if all(code == 0 for code in codes):
+            return None
+        time.sleep(POLL_S)
+    _print_survivors(plan)
+    _stop(workers)
+    if received:
+        name = signal.Signals(received[0]).name
+        return WorkersFailed(f"stopped by {name}", exit_code=128 + received[0])
+    assert failed is not None
+    code = workers[failed].returncode
+    worker = plan.workers[failed]
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    error_file = os.path.join(root, str(worker.local_rank), "error.json")
+    where = error_file if os.path.exists(error_file) else "its output above"
+    return WorkersFailed(f"rank {worker.rank} (local rank {worker.local_rank}) {how}; details: {where}", exit_code=128 - code if code < 0 else 1)
+
+
+def _print_survivors(plan: Plan) -> None:
+    from .jobstacks import NodeStacks
+    from .watchdog import TEARDOWN_TITLE
+
+    stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
+    taken = stacks.take("teardown")
+    lines = stacks.lines(None, "teardown", taken, 0, TEARDOWN_TITLE)
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _send(workers: Sequence[subprocess.Popen], sig: int) -> None:
+    """To each live worker's process group (its data loaders too); Windows has none."""
+    for worker in workers:
+        if worker.poll() is None:
+            try:
+                os.killpg(worker.pid, sig) if hasattr(os, "killpg") else worker.send_signal(sig)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+
+
+def _stop(workers: Sequence[subprocess.Popen]) -> None:
+    _send(workers, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while any(w.poll() is None for w in workers) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    _send(workers, getattr(signal, "SIGKILL", signal.SIGTERM))
+    for worker in workers:
+        worker.wait()
