@@ -5,6 +5,7 @@ execs any other command. Before that it
 - gives worker LOCAL_RANK its own CPUs (sched_setaffinity, before torch starts a thread),
   HPCTORCH_CPUS, HPCTORCH_DEVICES and OMP_NUM_THREADS from the plan's per-node lists
   (per-node mode: torch's agent starts every local worker with one environment);
+- with HPCTORCH_TIMINGS set (``--timings``), notes this worker's startup stages;
 - with HPCTORCH_FILE_STORE set (``--rdzv-backend file``), points env:// at that FileStore;
 - with HPCTORCH_STACKS_DIR set, has Python's faulthandler write every thread's stack to
   ``DIR/<pid>.stack`` on ``STACK_SIGNAL``: ``hpctorch stacks`` then works where ptrace (py-spy)
@@ -82,6 +83,10 @@ def main() -> None:
     if argv[:1] == ["--exec"]:
         os.execvp(argv[1], argv[1:])
     _register_stack_dump()
+    if os.environ.get("HPCTORCH_TIMINGS"):  # hpctorch run --timings
+        from hpctorch.worker_timings import install
+
+        install()
     if os.environ.get("HPCTORCH_FILE_STORE"):  # --rdzv-backend file
         from hpctorch.filerdzv import env_by_file
 

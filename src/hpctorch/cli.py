@@ -82,6 +82,7 @@ def _parser(only: str | None = None) -> _Parser:
         run.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                          help="when no rank wrote any output for S seconds, print every rank's stack (grouped)")
         run.add_argument("--stall-action", choices=("dump", "kill"), default="dump", help="after the stacks: go on (dump) or end the job (kill)")
+        run.add_argument("--timings", action="store_true", help="rank 0 prints where startup went, stage by stage, slowest node first")
         run.add_argument("script", help="training script (or module with -m)")
         run.add_argument("script_args", nargs=argparse.REMAINDER)
     plan = sub.add_parser("plan", help="print what run would do, start nothing", allow_abbrev=False)
@@ -265,11 +266,15 @@ def _run(args: argparse.Namespace) -> int:
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
     local_ranks = _local_ranks(args)
     stall = _stall(args)
+    from . import timings
+
+    timings.enable_from(args.timings)
     if args.quiet:
         from . import progress
 
         progress.enabled = False
     plan = build_plan(args)
+    timings.mark("plan ready")
     if plan.mode == "relaunch":
         launch.exec_relaunch(plan, args.argv)
     launch.check_master_port(plan)

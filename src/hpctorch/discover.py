@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import replace
 
-from . import fabric
+from . import fabric, timings
 from .allocation import Allocation, Launched
 from .decide import make_plan
 from .errors import HpctorchError
@@ -66,6 +66,7 @@ def plan_here(options: Options, env: Mapping[str, str], exchange: bool = True) -
 
         # A lone machine with loopback only has no interface: fine if every rank is here.
         allocation = mpi_exchange(allocation, choices.iface.name if choices.iface else None, options.rdzv_timeout)
+        timings.mark("MPI allgather done")
     plan = make_plan(allocation, options, facts, choices)
     if not (exchange and plan.master_exchange):
         return plan
@@ -74,8 +75,10 @@ def plan_here(options: Options, env: Mapping[str, str], exchange: bool = True) -
     if plan.master_addr is not None:  # node 0
         if plan.workers and plan.workers[0].local_rank == 0:  # one writer per node
             rendezvous.write_master(plan)
+            timings.mark("master address written")
         return plan
     address = rendezvous.read_master(plan)
+    timings.mark("master address read")
     sources = {**allocation.sources, "master_addr": f"{plan.master_exchange}, written by node 0"}
     # A master given by name (the flag or a wrapper's MASTER_ADDR) named node 0: its address is this one.
     final = make_plan(replace(allocation, master_addr=address, sources=sources), replace(options, master_addr=None), facts, choices)

@@ -90,6 +90,10 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
     if command != tuple(plan.command):
         _stacks_env(env)
         _file_store_env(plan, env)
+        from . import timings
+
+        timings.mark("exec of the rank")
+        env.update(timings.worker_env(plan.node_rank, _host(plan)))
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:
@@ -130,6 +134,12 @@ def _logs_specs(plan: Plan, log_dir: str | None, tee: str | None, redirects: str
         tee=Std.from_str(tee or "0"),
         local_ranks_filter=local_filter,
     )
+
+
+def _host(plan: Plan) -> str:
+    import socket
+
+    return plan.nodes[plan.node_rank] if plan.nodes and plan.node_rank < len(plan.nodes) else socket.gethostname()
 
 
 def line_prefix(plan: Plan) -> str:
@@ -193,6 +203,10 @@ def run_per_node(
         # torch's c10d rendezvous serves the store from here; opened first (multi-tenant, torch
         # reuses it) so it outlives the launch and node 0 can tell every node how the job ended.
         master_store = agreement.open_store(plan, plan.rdzv_timeout, serve=True)  # noqa: F841
+    from . import timings
+
+    timings.mark("agreement done" if plan.nnodes > 1 and plan.watched and plan.rdzv_backend == "static" else "store ready")
+    os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
     started = _process_start()
     stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
     watch = StallWatch(stall[0], stall[1] == "kill", lambda: _output_size(specs.root_log_dir)) if stall else None

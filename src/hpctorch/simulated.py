@@ -27,6 +27,9 @@ def run_agent_from_env() -> int:
     plan = Plan.from_dict(json.loads(os.environ.pop(PLAN_ENV)))
     log_dir = os.environ.pop("HPCTORCH_AGENT_LOG_DIR", None)
     output = json.loads(os.environ.pop(OUTPUT_ENV, "{}"))
+    from . import timings
+
+    timings.enable_from(bool(output.get("timings")))
     console = output.get("console_ranks")
     try:
         run_per_node(plan, log_dir=log_dir, prefix=output.get("prefix", True), console_ranks=set(console) if console is not None else None,
@@ -52,13 +55,16 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
                   quiet: bool = False, summary_json: str | None = None, local_ranks: set[int] | None = None,
                   stall: tuple[float, str] | None = None) -> None:
     """One agent process per simulated node; when one fails, stop them all."""
+    from . import timings
+
     agents = []
     for node_plan in plan.node_plans:
         env = dict(os.environ)
         env[PLAN_ENV] = json.dumps(node_plan.to_dict())
         env[OUTPUT_ENV] = json.dumps({"prefix": prefix, "console_ranks": sorted(console_ranks) if console_ranks is not None else None,
                                       "quiet": quiet, "summary_json": summary_json if node_plan.is_master else None,
-                                      "local_ranks": sorted(local_ranks) if local_ranks is not None else None, "stall": stall})
+                                      "local_ranks": sorted(local_ranks) if local_ranks is not None else None, "stall": stall,
+                                      "timings": timings.enabled})
         if log_dir:
             env["HPCTORCH_AGENT_LOG_DIR"] = os.path.join(log_dir, f"node{node_plan.node_rank}")
         # Each agent leads its own process group, so stopping it reaches its workers too.

@@ -96,6 +96,10 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     os.environ.update(plan.common_env)
     _stacks_env(os.environ)  # type: ignore[arg-type]
     held, port = _reserve(plan.master_addr or "127.0.0.1", plan.master_port)
+    from . import timings
+
+    timings.mark("workers started")
+    os.environ.update(timings.worker_env(plan.node_rank, plan.nodes[0] if plan.nodes else "localhost"))
     root = os.path.join(log_dir or tempfile.mkdtemp(prefix="hpctorch_"), plan.run_id, "attempt_0")
     shown = console_ranks if console_ranks is not None else ({w.rank for w in plan.workers if w.local_rank in local_ranks} if local_ranks else None)
     output = _Output(root, prefix, shown)

@@ -146,3 +146,24 @@ def test_one_node_is_started_by_hpctorch_unless_torchs_agent_is_needed() -> None
     assert "torch's elastic agent" in starter("--max-restarts", "2") and "--max-restarts 2" in starter("--max-restarts", "2")
     assert "torch's elastic agent" in starter("--simulate-nodes", "2")
     assert "torch's elastic agent" in starter("--rdzv-backend", "c10d")
+
+
+def test_timings_name_every_stage_and_the_slowest_node() -> None:
+    done = hpctorch("run", "--timings", "--simulate-nodes", "2", "--nproc-per-node", "2", str(ROOT / "benchmarks" / "worker_allreduce.py"),
+                    env=clean_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = unprefixed(done.stderr)
+    assert "hpctorch: startup of 4 rank(s) on 2 node(s)" in text, text[-3000:]
+    stages = re.findall(r"^  (\S.*?)\s+(\d+\.\d\d)  (node [01])", text, re.M)
+    names = [name for name, _, _ in stages]
+    for stage in ("agreement done", "worker: Python up", "worker: rendezvous reached", "worker: rendezvous done",
+                  "worker: first collective done"):
+        assert stage in names, text[-3000:]
+    seconds = [float(s) for _, s, _ in stages]
+    assert seconds == sorted(seconds) and seconds[0] > 0
+
+
+def test_timings_on_one_node_started_by_hpctorch() -> None:
+    done = hpctorch("run", "--timings", "--nproc-per-node", "2", str(ROOT / "benchmarks" / "worker_allreduce.py"), env=clean_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"^  worker: first collective done\s+\d+\.\d\d  \S+ rank [01]$", unprefixed(done.stderr), re.M), done.stderr[-3000:]
