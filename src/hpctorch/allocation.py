@@ -38,6 +38,11 @@ class Launcher:
     is replaced by the node count. Empty: this launcher cannot be relaunched by hpctorch."""
     requeue: tuple[str, ...] = ()
     """The command that requeues a job, the job id appended; empty: none."""
+    relaunch_per_task: tuple[str, ...] = ()
+    """The prefix that starts every rank from a batch script (``{tasks}`` per node, ``{ntasks}``
+    in all), when the launcher can; empty: relaunch one task per node only."""
+    gpu_per_task: tuple[str, ...] = ()
+    """Added to ``relaunch_per_task`` to bind one GPU to each task, where it can."""
     mpi_libraries: tuple[str, ...] = ()
     """An MPI launcher: the shared libraries of its MPI family, for mpi4py to load
     (``MPI4PY_LIBMPI``: mpi4py's wheels carry both the MPICH and the Open MPI ABI)."""
@@ -62,6 +67,9 @@ class Allocation:
     task_rank: int | None = None
     node_rank: int | None = None
     local_task_rank: int | None = None
+    cpus_per_node: tuple[int, ...] = ()
+    """CPUs the scheduler granted on each node, where it says (a batch script: whether every
+    rank fits as a task of its own)."""
     master_addr: str | None = None
     master_port: int | None = None
     slots_per_node: tuple[int, ...] | None = None
@@ -86,9 +94,14 @@ class Allocation:
     def tasks_on_this_node(self) -> int:
         return self.tasks_per_node[self.node_rank or 0]
 
-    def relaunch_command(self) -> tuple[str, ...]:
-        """The launcher's relaunch prefix for this job's node count."""
-        return tuple(part.replace("{nnodes}", str(self.nnodes)) for part in self.launcher.relaunch)
+    def relaunch_command(self, tasks: int | None = None, gpus: bool = False) -> tuple[str, ...]:
+        """The launcher's relaunch prefix for this job's node count: one task per node, or with
+        ``tasks`` every rank (and a GPU bound to each with ``gpus``)."""
+        template = self.launcher.relaunch if tasks is None else (*self.launcher.relaunch_per_task, *(self.launcher.gpu_per_task if gpus else ()))
+        values = {"{nnodes}": self.nnodes, "{tasks}": tasks, "{ntasks}": (tasks or 1) * self.nnodes}
+        for key, value in values.items():
+            template = tuple(part.replace(key, str(value)) for part in template)
+        return tuple(template)
 
 
 def launched_by_tasks(tasks_per_node: tuple[int, ...]) -> Launched:

@@ -238,6 +238,20 @@ def _console_ranks(args: argparse.Namespace) -> set[int] | None:
         raise HpctorchError(f"--console-ranks {args.console_ranks!r} is not a list of ranks", "write e.g. --console-ranks 0,4") from None
 
 
+def _without_nproc(args: argparse.Namespace) -> list[str]:
+    """``args.argv`` without hpctorch's --nproc-per-node (the script's own arguments untouched)."""
+    end = len(args.argv) - len(args.script_args) - 1  # where the script's name is
+    ours, theirs, kept, skip = args.argv[:end], args.argv[end:], [], False
+    for word in ours:
+        if skip:
+            skip = False
+        elif word in ("--nproc-per-node", "--nproc_per_node"):
+            skip = True
+        elif not word.startswith(("--nproc-per-node=", "--nproc_per_node=")):
+            kept.append(word)
+    return [*kept, *theirs]
+
+
 def _stall(args: argparse.Namespace) -> tuple[float, str] | None:
     if args.stall_timeout is None:
         return None
@@ -276,7 +290,8 @@ def _run(args: argparse.Namespace) -> int:
     plan = build_plan(args)
     timings.mark("plan ready")
     if plan.mode == "relaunch":
-        launch.exec_relaunch(plan, args.argv)
+        # Per task the step starts every rank: each must not start --nproc-per-node more of its own.
+        launch.exec_relaunch(plan, _without_nproc(args) if plan.relaunch_per_task else args.argv)
     launch.check_master_port(plan)
     if plan.mode in ("per-task", "unchanged"):
         if stall:

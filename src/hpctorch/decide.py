@@ -306,6 +306,26 @@ def _simulated_node_facts(facts: HostFacts, rank: int, count: int) -> HostFacts:
     )
 
 
+def _relaunch_per_node_because(allocation: Allocation, options: Options, nproc: int) -> str | None:
+    """Why a batch script's relaunch keeps one hpctorch per node; None: every rank per task."""
+    if allocation.cpus_per_node and min(allocation.cpus_per_node) < nproc:
+        return (f"the job has {min(allocation.cpus_per_node)} CPU(s) on a node, too few for {nproc} tasks "
+                f"(ask for --ntasks-per-node={nproc} to run every rank as a task)")
+    if not allocation.launcher.relaunch_per_task:
+        return f"{allocation.scheduler} has no way here to start and bind every rank"
+    if not options.command:
+        return "hpctorch doctor runs once per node"
+    if options.mode == "per-node":
+        return "--mode per-node"
+    if options.max_restarts:
+        return f"--max-restarts {options.max_restarts} restarts the workers from torch's agent"
+    if options.torch_agent_for or options.agent:
+        return f"{', '.join(options.torch_agent_for) or 'torchrun agent options'} need(s) torch's agent"
+    if options.gpus_per_proc not in (None, 1):
+        return f"--gpus-per-proc {options.gpus_per_proc}"
+    return None
+
+
 def _relaunch_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:
     """A batch script on several nodes is no rank: start one hpctorch per node instead."""
     relaunch = allocation.relaunch_command()
@@ -313,15 +333,25 @@ def _relaunch_plan(allocation: Allocation, options: Options, facts: HostFacts) -
         raise HpctorchError(
             f"this is the {allocation.scheduler} job script of job {allocation.job_id} on {allocation.nnodes} nodes, "
             "not one task per node", "start one hpctorch per node with the scheduler's task launcher")
-    nproc = options.nproc_per_node or len(facts.gpus) or 1
+    # The job's own tasks per node when it asked for several (sbatch --ntasks-per-node=4).
+    asked = min(allocation.tasks_per_node, default=1)
+    nproc = options.nproc_per_node or (asked if asked > 1 else 0) or len(facts.gpus) or 1
+    per_node_because = _relaunch_per_node_because(allocation, options, nproc)
+    gpus = bool(facts.gpus) and nproc * (options.gpus_per_proc or 1) <= len(facts.gpus) and (options.gpus_per_proc or 1) == 1
+    if per_node_because is None:
+        relaunch = allocation.relaunch_command(tasks=nproc, gpus=gpus)
+        how = (f"per task: {allocation.scheduler} starts all {nproc} rank(s) per node" + (" and binds a GPU to each" if gpus else "")
+               + "; no agent imports torch before them")
+    else:
+        how = f"one hpctorch per node, which starts the workers: {per_node_because}"
     return Plan(
-        mode="relaunch", scheduler=allocation.scheduler, job_id=allocation.job_id, nodes=allocation.nodes,
+        mode="relaunch", relaunch_per_task=per_node_because is None, scheduler=allocation.scheduler, job_id=allocation.job_id, nodes=allocation.nodes,
         node_rank=0, nproc_per_node=(nproc,) * allocation.nnodes, master_addr=None,
         master_port=options.master_port or 0, rdzv_backend="static", rdzv_timeout=options.rdzv_timeout,
         run_id=ports.run_id(allocation, options, facts, 1, 0), iface=None, simulated=False, max_restarts=options.max_restarts,
         workers=(), common_env={},
         reasons={
-            "mode": f"this is the job's batch script, not a step: re-running under '{' '.join(relaunch)}'",
+            "mode": f"this is the job's batch script, not a step: re-running under '{' '.join(relaunch)}' ({how})",
             "master_addr": "decided by each node once the step starts",
             "master_port": "decided by each node once the step starts",
         },

@@ -108,7 +108,9 @@ class Plan:
     """A directory all nodes share, where each node's planned values are compared with
     the others' before any worker starts (see ``agreement``); None when none is known."""
     relaunch: tuple[str, ...] = ()
-    """Mode relaunch: the command prefix that starts one hpctorch per node."""
+    """Mode relaunch: the command prefix that starts one hpctorch per node, or every rank."""
+    relaunch_per_task: bool = False
+    """Mode relaunch: the prefix starts every rank (each then runs per task)."""
     requeue: tuple[str, ...] = ()
     """The scheduler's requeue command (the job id appended); empty when it has none."""
     container: str | None = None

@@ -37,7 +37,7 @@ def _job_processes(env: Mapping[str, str]) -> dict[str, list[tuple[int, dict[str
             continue
         if "TORCHELASTIC_RUN_ID" not in penv or "RANK" not in penv or process.pid == os.getpid():
             continue
-        if env.get("SLURM_JOB_ID") and penv.get("SLURM_JOB_ID") not in (None, env["SLURM_JOB_ID"]):
+        if env.get("SLURM_JOB_ID") and penv.get("SLURM_JOB_ID") != env["SLURM_JOB_ID"]:
             continue  # srun --jobid J --overlap: only job J's workers
         found[process.pid] = (process.info["ppid"], penv)
     by_run: dict[str, list[tuple[int, dict[str, str]]]] = {}

@@ -87,15 +87,27 @@ def _hms(seconds: int) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+def per_task_slurm(request: JobRequest) -> int | None:
+    """Slurm starts every rank itself (and binds one GPU to each) when the count per node is
+    known and each rank has one GPU or none: the rank count per node; None: one task per node."""
+    nproc = request.nproc_per_node or request.gpus_per_node
+    if not nproc or (request.gpus_per_node and request.gpus_per_node != nproc):
+        return None
+    return nproc
+
+
 def _directives(request: JobRequest, scheduler: str, output: str) -> list[str]:
     lines: list[str] = []
     sig = request.preempt
     if scheduler == "slurm":
         prefix = "#SBATCH "
+        tasks = per_task_slurm(request)
         lines += [f"--partition={request.partition}"] if request.partition else []
         lines += [f"--account={request.account}"] if request.account else []
-        lines += [f"--gpus-per-node={request.gpus_per_node}"] if request.gpus_per_node else []
-        lines += [f"--cpus-per-task={request.cpus_per_node}"] if request.cpus_per_node else []
+        if request.gpus_per_node:
+            lines += ["--gpus-per-task=1"] if tasks else [f"--gpus-per-node={request.gpus_per_node}"]
+        if request.cpus_per_node:
+            lines += [f"--cpus-per-task={max(1, request.cpus_per_node // (tasks or 1))}"]
         # Without B: the signal reaches the step's tasks: every node's hpctorch.
         lines += [f"--signal={sig[0]}@{sig[1]}"] if sig else []
         lines += ["--requeue" if request.requeue else "--no-requeue"]
@@ -138,7 +150,13 @@ def render(request: JobRequest, scheduler: str, template: str | None = None, pyt
     text = template if template is not None else resources.files("hpctorch").joinpath(f"templates/{scheduler}.sh").read_text()
     output = request.output if request.output is not None else DEFAULT_OUTPUT[scheduler]
     nproc = request.nproc_per_node or request.gpus_per_node
-    run = [python, "-m", "hpctorch", "run", *(["--nproc-per-node", str(nproc)] if nproc else []), *request.command]
+    tasks = per_task_slurm(request) if scheduler == "slurm" else None
+    # Per task the scheduler starts every rank: each runs the script itself, no --nproc-per-node.
+    run = [python, "-m", "hpctorch", "run", *(["--nproc-per-node", str(nproc)] if nproc and not tasks else []), *request.command]
+    layout = (f"Slurm starts {tasks} task(s) per node, one per rank{' with one GPU each' if request.gpus_per_node else ''}; "
+              "each runs the script\n# with the nodes, master and port from Slurm itself (hpctorch's per-task mode)." if tasks else
+              f"one task per node runs `hpctorch run`, which starts\n# {nproc or 'one per GPU (or 1)'} worker(s) per node "
+              "and finds the nodes, master and port from Slurm itself.")
     pbs_resources = "".join(
         f":{key}={value}" for key, value in (("ngpus", request.gpus_per_node), ("ncpus", request.cpus_per_node)) if value
     )
@@ -152,6 +170,8 @@ def render(request: JobRequest, scheduler: str, template: str | None = None, pyt
         "job_name": request.job_name,
         "nodes": str(request.nodes),
         "nproc": str(nproc or "one per GPU (or 1)"),
+        "tasks_per_node": str(tasks or 1),
+        "layout": layout,
         "time_slurm": _hms(request.time_s),
         "time_hms": _hms(request.time_s),
         # Whole minutes, rounded up before splitting: 59:30 is 1:00, not 0:60.

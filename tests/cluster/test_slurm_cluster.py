@@ -31,11 +31,20 @@ def test_sbatch_with_srun_per_node(cluster: Cluster, job_dir: Path) -> None:
     assert_trained_across_nodes(output)
 
 
-def test_batch_script_without_srun_starts_the_step_itself(cluster: Cluster, job_dir: Path) -> None:
-    body = f"{' '.join(HPCTORCH)} run --nproc-per-node 2 {TOY} --steps 6"
-    output = sbatch(cluster, job_dir, body, "-N2", "--ntasks-per-node=1")
-    assert "re-running under 'srun --nodes=2 --ntasks-per-node=1" in output
+def test_batch_script_without_srun_starts_every_rank_as_a_task(cluster: Cluster, job_dir: Path) -> None:
+    # The job asked for 2 tasks per node: srun starts every rank, no agent imports torch first.
+    output = sbatch(cluster, job_dir, f"{' '.join(HPCTORCH)} run {TOY} --steps 6", "-N2", "--ntasks-per-node=2")
+    assert "re-running under 'srun --nodes=2 --ntasks-per-node=2 --kill-on-bad-exit=1' (per task" in output, output[-2000:]
     assert_trained_across_nodes(output)
+    assert {r["agent"] for r in toy_ranks(output)} == {"none"}
+
+
+def test_batch_script_with_one_cpu_per_node_starts_one_hpctorch_per_node(cluster: Cluster, job_dir: Path) -> None:
+    output = sbatch(cluster, job_dir, f"{' '.join(HPCTORCH)} run --nproc-per-node 2 {TOY} --steps 6", "-N2", "--ntasks-per-node=1")
+    assert "re-running under 'srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1' (one hpctorch per node" in output, output[-2000:]
+    assert "1 CPU(s) on a node, too few for 2 tasks" in output
+    assert_trained_across_nodes(output)
+    assert {r["agent"] for r in toy_ranks(output)} == {"torch"}
 
 
 def test_srun_per_task(cluster: Cluster, job_dir: Path) -> None:
@@ -179,3 +188,16 @@ def test_arbitrary_distribution_masters_on_the_node_of_task_0(cluster: Cluster, 
     for r in ranks:  # node rank 0 is node2, holding ranks 0-1; one master, on node2's fabric address
         assert r["host"] == ("node2" if int(r["rank"]) < 2 else "node1") and r["master"].startswith("198.18.0.2:"), r
     assert "done world=4" in done.stdout
+
+
+@pytest.mark.parametrize("layout, per_node, agent", [(["--nproc-per-node", "2"], 2, "none"), ([], 1, "torch")])
+def test_a_script_submit_writes_runs_as_written(cluster: Cluster, job_dir: Path, layout: list[str], per_node: int, agent: str) -> None:
+    # --nproc-per-node 2: every rank a Slurm task (per task); nothing given: one task per node (per node).
+    submitted = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *HPCTORCH, "submit", "--scheduler", "slurm",
+                                      "--nodes", "2", "--time", "5", *layout, TOY, "--steps", "6"], timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"submitted slurm job (\d+)", submitted.stdout).group(1)  # type: ignore[union-attr]
+    assert cluster.wait_job(job_id) == "COMPLETED"
+    output = (job_dir / f"hpctorch-hpctorch-{job_id}.out").read_text()
+    assert_trained_across_nodes(output, per_node=per_node)
+    assert {r["agent"] for r in toy_ranks(output)} == {agent}

@@ -161,3 +161,38 @@ def test_arbitrary_distribution_puts_the_node_of_task_0_first(tmp_path) -> None:
     other = detect({**env, "SLURM_PROCID": "2", "SLURM_NODEID": "0"})
     assert other.nodes == ("n2", "n1") and other.node_rank == 1
     assert detect({**env, "SLURM_DISTRIBUTION": "block"}).nodes == ("n1", "n2")
+
+
+def _batch(**extra: str) -> dict[str, str]:
+    return {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NNODES": "2", **extra}
+
+
+def test_batch_script_relaunches_every_rank_when_slurm_can_start_and_bind_them() -> None:
+    from hpctorch import Options, make_plan
+    from hpctorch.schedulers import detect
+
+    from .helpers import facts
+
+    # sbatch -N2 --ntasks-per-node=4 --gpus-per-node=4: srun starts all 4 ranks per node, one GPU each.
+    env = _batch(SLURM_TASKS_PER_NODE="4(x2)", SLURM_JOB_CPUS_PER_NODE="8(x2)")
+    plan = make_plan(detect(env), Options(command=("python", "train.py")), facts(gpus=("0", "1", "2", "3")))
+    assert plan.relaunch_per_task
+    assert plan.relaunch == ("srun", "--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1", "--gpus-per-task=1")
+    assert "per task: slurm starts all 4 rank(s) per node and binds a GPU to each" in plan.reasons["mode"]
+    # Asked for one task per node of one CPU: every rank would not fit; one hpctorch per node.
+    small = _batch(SLURM_TASKS_PER_NODE="1(x2)", SLURM_JOB_CPUS_PER_NODE="1(x2)")
+    plan = make_plan(detect(small), Options(nproc_per_node=2, command=("python", "train.py")), facts())
+    assert not plan.relaunch_per_task and plan.relaunch == ("srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1")
+    assert "1 CPU(s) on a node, too few for 2 tasks" in plan.reasons["mode"]
+    # Restarts and --mode per-node keep torch's agent on every node.
+    for options in (Options(mode="per-node", command=("x",)), Options(max_restarts=2, command=("x",))):
+        assert not make_plan(detect(env), options, facts(gpus=("0", "1", "2", "3"))).relaunch_per_task
+
+
+def test_relaunched_ranks_do_not_get_nproc_per_node_again() -> None:
+    from hpctorch.cli import _parser, _without_nproc
+
+    argv = ["run", "--nproc-per-node", "4", "--nproc_per_node=4", "--timings", "train.py", "--nproc-per-node", "7"]
+    args = _parser("run").parse_args(argv)
+    args.argv = argv
+    assert _without_nproc(args) == ["run", "--timings", "train.py", "--nproc-per-node", "7"]

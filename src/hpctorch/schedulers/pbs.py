@@ -22,7 +22,8 @@ from ._hostfiles import group_slots, read_slot_file
 from ._parse import check_rank, env_int
 
 LAUNCHER = Launcher("pbs", requeue=("qrerun",))
-PALS = Launcher("pbs", requeue=("qrerun",), relaunch=("mpiexec", "-n", "{nnodes}", "--ppn", "1"))
+PALS = Launcher("pbs", requeue=("qrerun",), relaunch=("mpiexec", "-n", "{nnodes}", "--ppn", "1"),
+                relaunch_per_task=("mpiexec", "-n", "{ntasks}", "--ppn", "{tasks}"))
 
 
 def _pals_on_path(env: Mapping[str, str]) -> bool:

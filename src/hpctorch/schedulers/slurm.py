@@ -5,7 +5,8 @@ Read: SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST / SLURM_JOB_NODELIST,
 SLURM_STEP_NUM_NODES / SLURM_NNODES, SLURM_STEP_TASKS_PER_NODE /
 SLURM_TASKS_PER_NODE (``2(x3),1``), SLURM_STEP_NUM_TASKS / SLURM_NTASKS,
 SLURM_PROCID, SLURM_NODEID, SLURM_LOCALID,
-SLURM_STEP_RESV_PORTS, SLURM_SUBMIT_DIR; with SLURM_DISTRIBUTION=arbitrary (``srun -m
+SLURM_STEP_RESV_PORTS, SLURM_SUBMIT_DIR, and in a batch script SLURM_TASKS_PER_NODE and
+SLURM_JOB_CPUS_PER_NODE (whether every rank fits as a task); with SLURM_DISTRIBUTION=arbitrary (``srun -m
 arbitrary``), SLURM_HOSTFILE for the node of task 0. Step variables win over job variables. Outside a step (the
 batch script, an salloc shell) on several nodes, hpctorch relaunches itself with
 ``srun``, one task per node (``LAUNCHER.relaunch``); ``scontrol requeue`` requeues.
@@ -25,6 +26,8 @@ LAUNCHER = Launcher(
     "slurm",
     # --kill-on-bad-exit: one failed node ends the step, not the wall-clock limit.
     relaunch=("srun", "--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"),
+    relaunch_per_task=("srun", "--nodes={nnodes}", "--ntasks-per-node={tasks}", "--kill-on-bad-exit=1"),
+    gpu_per_task=("--gpus-per-task=1",),
     requeue=("scontrol", "requeue"),
 )
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -39,6 +42,15 @@ def parse_tasks_per_node(value: str, name: str = "SLURM_TASKS_PER_NODE") -> tupl
             raise HpctorchError(f"{name}={value!r} is not Slurm's 'N(xM),...' form", f"unset {name} or fix its value")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return tuple(counts)
+
+
+def _per_node(env: Mapping[str, str], name: str, nnodes: int) -> tuple[int, ...] | None:
+    """A per-node count in Slurm's ``2(x3),1`` form, when set and one per node."""
+    value = env.get(name)
+    if not value:
+        return None
+    counts = parse_tasks_per_node(value, name)
+    return counts if len(counts) == nnodes else None
 
 
 def _first(env: Mapping[str, str], *names: str) -> tuple[str | None, str | None]:
@@ -85,11 +97,15 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
     sources = {"job_id": job_var or "", "nodes": nodelist_var}
 
     if not in_step:
-        # The batch script or an salloc shell: one process, not a training rank.
+        # The batch script or an salloc shell: one process, not a training rank. What the job
+        # asked for per node decides how it relaunches itself (every rank, if that fits).
+        asked = _per_node(env, "SLURM_TASKS_PER_NODE", len(nodes))
+        cpus = _per_node(env, "SLURM_JOB_CPUS_PER_NODE", len(nodes))
         return Allocation(
             launcher=LAUNCHER,
             nodes=nodes,
-            tasks_per_node=(1,) * len(nodes),
+            tasks_per_node=(asked or (1,) * len(nodes)) if len(nodes) > 1 else (1,),
+            cpus_per_node=cpus or (),
             launched=Launched.BATCH if len(nodes) > 1 else Launched.NODES,
             job_id=job_id,
             submit_dir=env.get("SLURM_SUBMIT_DIR"),

@@ -1,9 +1,8 @@
 #!/bin/bash
-# Written by hpctorch submit: one task per node runs `hpctorch run`, which starts
-# $nproc worker(s) per node and finds the nodes, master and port from Slurm itself.
+# Written by hpctorch submit: $layout
 #SBATCH --job-name=$job_name
 #SBATCH --nodes=$nodes
-#SBATCH --ntasks-per-node=1
+#SBATCH --ntasks-per-node=$tasks_per_node
 #SBATCH --time=$time_slurm
 #SBATCH --output=$output
 $directives
