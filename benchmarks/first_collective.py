@@ -125,6 +125,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-cluster", action="store_true", help="simulate two nodes even when root")
     args = parser.parse_args(argv)
     repeats = 1 if args.smoke else args.repeats
+    # Compiled first, as pip does on install (this workplace sets PYTHONDONTWRITEBYTECODE:
+    # an editable install would compile every hpctorch module in every rank, every run).
+    import compileall
+
+    import hpctorch
+
+    compileall.compile_dir(Path(hpctorch.__file__).parent, quiet=1)
     results: dict[str, dict] = {}
     header = ["command", "median s", "min / max s", "ratio to torchrun"]
     one = interleaved(one_node_cases(), repeats)
