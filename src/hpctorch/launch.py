@@ -325,9 +325,9 @@ def _launch_config(plan: Plan, specs, prefix: bool):  # type: ignore[no-untyped-
 def _process_start() -> float:
     """When this hpctorch process started (seconds since the epoch): wall time and start-up
     figures count from there, not from the launch."""
-    import psutil
+    from .timings import start_time
 
-    return psutil.Process().create_time()
+    return start_time()
 
 
 

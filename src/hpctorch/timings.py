@@ -19,13 +19,31 @@ _t0: float | None = None
 
 
 def start_time() -> float:
-    """When this process started (seconds since the epoch)."""
+    """When this process started (seconds since the epoch). On Linux from its age in clock
+    ticks against /proc/uptime: psutil adds the ticks to the boot time, which /proc/stat
+    gives in whole seconds (up to a second off)."""
     global _t0
     if _t0 is None:
-        import psutil
-
-        _t0 = psutil.Process().create_time()
+        _t0 = _linux_start() or _psutil_start()
     return _t0
+
+
+def _linux_start() -> float | None:
+    try:
+        import os
+
+        with open("/proc/self/stat", encoding="ascii") as stat, open("/proc/uptime", encoding="ascii") as uptime:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+            age = float(uptime.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - max(0.0, age)
+
+
+def _psutil_start() -> float:
+    import psutil
+
+    return psutil.Process().create_time()
 
 
 def mark(stage: str) -> None:
