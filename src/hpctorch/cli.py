@@ -318,8 +318,16 @@ def _run(args: argparse.Namespace) -> int:
                                 local_ranks=local_ranks, stall=stall)
     except launch.WorkersFailed as exc:
         print(f"hpctorch: {exc.line}", file=sys.stderr)
-        return exc.exit_code
-    return 0
+        return _leave(exc.exit_code) if plan.starter == "torch" and not plan.simulated else exc.exit_code
+    return _leave(0) if plan.starter == "torch" and not plan.simulated else 0
+
+
+def _leave(code: int) -> int:
+    """After torch's agent: everything is done and said; skip the interpreter's teardown of
+    torch (half a second here, and it can abort the process; see examples/toy_ddp.py)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _plan(args: argparse.Namespace) -> int:
