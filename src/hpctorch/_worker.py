@@ -32,6 +32,39 @@ def stack_file(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{pid}.stack")
 
 
+def dump_dir() -> str:
+    """Where this user's stack files live on this node (node-local, private)."""
+    import tempfile
+
+    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return os.path.join(tempfile.gettempdir(), f"hpctorch-{uid}")
+
+
+def faulthandler_dir() -> str:
+    """Where workers' faulthandler files go (``HPCTORCH_STACKS_DIR``); created here, and the
+    files of processes that are gone (killed before they could remove their own) removed."""
+    path = os.path.join(dump_dir(), "faulthandler")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    for name in os.listdir(path):
+        pid = name.removesuffix(".stack")
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.remove(os.path.join(path, name))
+            except OSError:
+                pass
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: not ours to judge
+    return True
+
+
 def _apply_lists() -> None:
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     cpu_sets = os.environ.get("HPCTORCH_CPU_SETS", "").split(";")
@@ -60,6 +93,16 @@ def _register_stack_dump() -> None:
         return  # no fallback for this worker; py-spy may still read it
     faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
     _kept.append(dump)
+    import atexit
+
+    atexit.register(_remove, dump.name)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def _run_python(argv: list[str]) -> None:

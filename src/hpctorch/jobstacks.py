@@ -12,29 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 
 from . import stackgroups
+from ._worker import dump_dir
 from .stackdump import RankStack, Worker, capture
 
 TEARDOWN_BUDGET_S = 2.0
 FRESH_S = 120.0
 """A part older than this (left by a dump whose node 0 never collected it) is ignored."""
-
-
-def dump_dir() -> str:
-    """Where this user's stack files live on this node (node-local, private)."""
-    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-    return os.path.join(tempfile.gettempdir(), f"hpctorch-{uid}")
-
-
-def faulthandler_dir() -> str:
-    """Where workers' faulthandler files go (``_worker.py``); created here."""
-    path = os.path.join(dump_dir(), "faulthandler")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
 
 
 def write_dump(stacks: Iterable[RankStack], label: str) -> str | None:

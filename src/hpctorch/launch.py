@@ -55,7 +55,7 @@ def worker_command(command: Sequence[str], per_rank_lists: bool) -> tuple[str, .
 
 
 def _stacks_env(env: dict[str, str]) -> None:
-    from .jobstacks import faulthandler_dir
+    from ._worker import faulthandler_dir
 
     try:
         env.setdefault("HPCTORCH_STACKS_DIR", faulthandler_dir())

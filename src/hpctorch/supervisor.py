@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from .initialize import PREEMPT_SIGNALS
-from .launch import STOP_GRACE_S, WorkersFailed, _process_start, _requeue_if_preempted, _stacks_env, worker_command
+from .launch import STOP_GRACE_S, WorkersFailed, _host, _process_start, _requeue_if_preempted, _stacks_env, worker_command
 from .plan import Plan
 from .workerenv import torch_contract
 
@@ -99,7 +99,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     from . import timings
 
     timings.mark("workers started")
-    os.environ.update(timings.worker_env(plan.node_rank, plan.nodes[0] if plan.nodes else "localhost"))
+    os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
     root = os.path.join(log_dir or tempfile.mkdtemp(prefix="hpctorch_"), plan.run_id, "attempt_0")
     shown = console_ranks if console_ranks is not None else ({w.rank for w in plan.workers if w.local_rank in local_ranks} if local_ranks else None)
     output = _Output(root, prefix, shown)

@@ -244,7 +244,6 @@ class JobWatchdog:
                     self._abort(store, f"the master's store at {self.plan.master_addr}:{self.plan.master_port} is gone (node 0 failed?)")
                     return
 
-
     def _watch_output(self, store) -> None:  # type: ignore[no-untyped-def]
         """One request (``want``), plus one when this node's output grew; a dump when asked."""
         assert self.stall is not None
