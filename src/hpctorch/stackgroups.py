@@ -25,15 +25,22 @@ def is_library(frame: Frame) -> bool:
             or frame.file in ("<string>", "<stdin>"))
 
 
+def _python(frames: Sequence[Frame]) -> list[Frame]:
+    """Python's own frames: py-spy --native adds C/C++ ones (a shared library, line 0), kept in
+    the full dump but not used to group or name a stack."""
+    return [f for f in frames if f.file.endswith((".py", ">")) or f.line > 0]
+
+
 def where(stack: RankStack) -> str:
     """One line for a rank's main thread: the innermost call, then the user's own frame."""
     if stack.note:
         return stack.note
     main = stack.main
-    if main is None or not main.frames:
+    frames = _python(main.frames) if main is not None else []
+    if not frames:
         return "no Python frame (exiting, or not yet in Python)"
-    inner = main.frames[0]
-    own = next((f for f in main.frames if not is_library(f)), None)
+    inner = frames[0]
+    own = next((f for f in frames if not is_library(f)), None)
     if own is None:
         return f"{inner.func} ({os.path.basename(inner.file)}:{inner.line})"
     text = f"{own.func} {os.path.basename(own.file)}:{own.line}"
@@ -44,7 +51,7 @@ def _key(stack: RankStack) -> str:
     main = stack.main
     if stack.note or main is None:
         return where(stack)
-    return "|".join(f"{f.func}@{f.file}:{f.line}" for f in main.frames)
+    return "|".join(f"{f.func}@{f.file}:{f.line}" for f in _python(main.frames))
 
 
 def groups(stacks: Iterable[RankStack]) -> list[dict]:

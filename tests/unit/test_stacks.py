@@ -94,3 +94,13 @@ def test_the_entry_runs_a_module_as_python_m_would(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-u", WORKER_ENTRY, "-m", "mypkg.train", "a"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 4, done.stderr
     assert done.stdout.split() == ["__main__", "['a']"]
+
+
+def test_native_frames_stay_in_the_dump_but_do_not_name_the_stack() -> None:
+    # py-spy --native: C/C++ frames (a shared library, line 0) around the Python ones.
+    native = ("c10d::ProcessGroupGloo::allreduce", "/site-packages/torch/lib/libtorch_cpu.so", 0)
+    plain = stack(0, "n1", [("all_reduce", SITE, 3252), ("train_step", "/home/u/train.py", 42)])
+    mixed = stack(1, "n1", [native, ("all_reduce", SITE, 3252), ("train_step", "/home/u/train.py", 42)])
+    (group,) = stackgroups.merge([stackgroups.groups([plain, mixed])])
+    assert group["ranks"] == [0, 1] and group["text"] == "all_reduce ← train_step train.py:42"
+    assert "libtorch_cpu.so" in stackgroups.full_text([mixed])
