@@ -27,11 +27,14 @@ def _job_processes(env: Mapping[str, str]) -> dict[str, list[tuple[int, dict[str
     import psutil
 
     uid = os.getuid() if hasattr(os, "getuid") else None
+    own_net = _net_namespace("self")
     found: dict[int, tuple[int, dict[str, str]]] = {}
     for process in psutil.process_iter(["pid", "ppid", "uids"]):
         try:
             if uid is not None and process.info["uids"] and process.info["uids"].real != uid:
                 continue
+            if own_net is not None and _net_namespace(str(process.pid)) not in (None, own_net):
+                continue  # another node on this machine (network namespaces, as the test cluster's)
             penv = process.environ()
         except psutil.Error:
             continue
@@ -47,6 +50,13 @@ def _job_processes(env: Mapping[str, str]) -> dict[str, list[tuple[int, dict[str
             continue
         by_run.setdefault(penv["TORCHELASTIC_RUN_ID"], []).append((pid, penv))
     return by_run
+
+
+def _net_namespace(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
 
 
 def _host(penv: Mapping[str, str], node: int) -> str:
