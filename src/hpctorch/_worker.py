@@ -33,7 +33,8 @@ def stack_file(directory: str, pid: int) -> str:
 
 
 def dump_dir() -> str:
-    """Where this user's stack files live on this node (node-local, private)."""
+    """hpctorch's private directory for this user on this node (stack files, the file
+    rendezvous on one machine, the MPICH library name bridge)."""
     import tempfile
 
     uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")

@@ -142,9 +142,9 @@ def _mpich_soname_shim() -> None:
             real = next(line.split()[-1] for line in maps if "libmpich.so.12" in line)
     except (OSError, StopIteration):
         return
-    import tempfile
+    from ._worker import dump_dir
 
-    shim = os.path.join(tempfile.gettempdir(), f"hpctorch-{os.getuid()}", "mpich-abi")
+    shim = os.path.join(dump_dir(), "mpich-abi")
     os.makedirs(shim, mode=0o700, exist_ok=True)
     link = os.path.join(shim, "libmpi.so.12")
     if os.path.realpath(link) != os.path.realpath(real):

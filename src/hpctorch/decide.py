@@ -250,9 +250,9 @@ def _file_store_dir(options: Options, nnodes: int) -> str:
     if nnodes > 1:
         raise HpctorchError(f"--rdzv-backend file on {nnodes} nodes needs a directory every node shares",
                             "add --rdzv-endpoint DIR (or --rendezvous-dir DIR) on a shared file system")
-    import tempfile
+    from ._worker import dump_dir
 
-    return os.path.join(tempfile.gettempdir(), f"hpctorch-{os.getuid() if hasattr(os, 'getuid') else 'user'}", "filestore")
+    return os.path.join(dump_dir(), "filestore")
 
 
 def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:
