@@ -143,3 +143,13 @@ def compress(names: Iterable[str]) -> str:
         else:
             out.append(f"{prefix}[{_ranges(numbers)}]")
     return ",".join(out)
+
+
+def display(names: Iterable[str]) -> str:
+    """For people: compressed when a hostlist can hold the names, else listed as they are
+    (names with spaces, say)."""
+    names = list(names)
+    try:
+        return compress(names)
+    except Exception:  # noqa: BLE001 - any name compress refuses
+        return ", ".join(names)

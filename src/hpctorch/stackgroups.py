@@ -95,19 +95,12 @@ def summary(merged: Sequence[dict], nodes: int, dumps: str | None, missing: Sequ
     distinct = "all the same" if len(merged) == 1 else f"{len(merged)} different"
     lines = [f"hpctorch: {title}: {count} rank(s) on {nodes} node(s), by {' and '.join(methods)}; {distinct}:"]
     for group in merged:
-        lines.append(f"  {ranks_text(group['ranks'])} ({_hosts(group['hosts'])}): {group['text']}")
+        lines.append(f"  {ranks_text(group['ranks'])} ({hostlist.display(group['hosts'])}): {group['text']}")
     if missing:
-        lines.append(f"  no answer from: {_hosts(missing)}")
+        lines.append(f"  no answer from: {hostlist.display(missing)}")
     if dumps:
         lines.append(f"  every thread of every rank: {dumps}" + (" (on each node)" if nodes > 1 else ""))
     return lines
-
-
-def _hosts(names: Sequence[str]) -> str:
-    try:
-        return hostlist.compress(list(names))
-    except Exception:  # noqa: BLE001 - names a hostlist cannot hold
-        return ", ".join(names)
 
 
 def full_text(stacks: Iterable[RankStack]) -> str:

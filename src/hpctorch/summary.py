@@ -32,12 +32,12 @@ class Summary:
 
     def line(self) -> str:
         if self.exit_code == 0:
-            where = f"all {len(self.nodes)} node(s) ({_names(self.nodes)})"
+            where = f"all {len(self.nodes)} node(s) ({hostlist.display(self.nodes)})"
             if not self.succeeded:
                 where = "this node (the others' state could not be read)"
             elif len(self.succeeded) != len(self.nodes):
                 others = [self.nodes[n] for n in range(len(self.nodes)) if n not in self.succeeded]
-                where = f"this node; not heard from: {_names(others)}"
+                where = f"this node; not heard from: {hostlist.display(others)}"
             text = f"hpctorch: finished in {self.wall_s:.1f} s, exit 0 on {where}"
         else:
             text = f"hpctorch: failed after {self.wall_s:.1f} s (exit {self.exit_code}): {self.failure or 'see above'}"
@@ -57,9 +57,3 @@ class Summary:
             json.dump(data, out, indent=2)
             out.write("\n")
 
-
-def _names(names) -> str:  # type: ignore[no-untyped-def]
-    try:
-        return hostlist.compress(list(names))
-    except Exception:  # noqa: BLE001 - names a hostlist cannot hold (spaces): listed as they are
-        return ", ".join(names)
