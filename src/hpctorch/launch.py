@@ -341,6 +341,17 @@ def _output_size(root: str | None) -> int:
     return total
 
 
+def signal_groups(processes: Sequence[subprocess.Popen], sig: int) -> None:
+    """``sig`` to each live process's group (a worker's data loaders, an agent's workers),
+    or to the process alone where there are no groups (Windows)."""
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, sig) if hasattr(os, "killpg") else process.send_signal(sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def _forward_preemption_to_children() -> list[int]:
     """Pass SIGUSR1/SIGUSR2 (Slurm's --signal, LSF's -wa) on to every worker, so their
     handlers can checkpoint; the agent itself keeps running. Returns the signals seen."""

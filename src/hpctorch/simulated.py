@@ -9,11 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 
 from .errors import HpctorchError
 from .initialize import PREEMPT_SIGNALS
-from .launch import STOP_GRACE_S, WorkersFailed, run_per_node
+from .launch import STOP_GRACE_S, WorkersFailed, run_per_node, signal_groups
 from .plan import Plan
 
 PLAN_ENV = "HPCTORCH_AGENT_PLAN"
@@ -42,15 +41,6 @@ def run_agent_from_env() -> int:
     return 0
 
 
-def _stop(processes: Sequence[subprocess.Popen], sig: int) -> None:
-    for process in processes:
-        if process.poll() is None:
-            try:
-                os.killpg(process.pid, sig) if hasattr(os, "killpg") else process.send_signal(sig)
-            except ProcessLookupError:
-                pass
-
-
 def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None,
                   quiet: bool = False, summary_json: str | None = None, local_ranks: set[int] | None = None,
                   stall: tuple[float, str] | None = None) -> None:
@@ -74,7 +64,7 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
 
     def forward(signum: int, _frame: object) -> None:
         received.append(signum)
-        _stop(agents, signum)
+        signal_groups(agents, signum)
 
     def pass_on(signum: int, _frame: object) -> None:
         for agent in agents:
@@ -96,7 +86,7 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
                     # real nodes; stopped from here only if they have not ended by then.
                     deadline, stopping = time.monotonic() + SIMULATED_TEARDOWN_S, signal.SIGTERM
             elif time.monotonic() > deadline:
-                _stop(agents, stopping)
+                signal_groups(agents, stopping)
                 deadline, stopping = time.monotonic() + STOP_GRACE_S, signal.SIGKILL
             time.sleep(0.05)
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import string
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,8 @@ from collections.abc import Sequence
 from typing import IO
 
 from .initialize import PREEMPT_SIGNALS
-from .launch import STOP_GRACE_S, WorkersFailed, _host, _process_start, _requeue_if_preempted, _stacks_env, worker_command
+from .launch import (STOP_GRACE_S, WorkersFailed, _host, _process_start, _requeue_if_preempted, _stacks_env, line_prefix,
+                     signal_groups, worker_command)
 from .plan import Plan
 from .workerenv import torch_contract
 
@@ -58,7 +60,8 @@ class _Output:
     """Each worker's two streams: to the console with the rank's prefix (when shown) and to
     ``<dir>/<local rank>/stdout.log``/``stderr.log``, line by line."""
 
-    def __init__(self, root: str, prefix: bool, shown: set[int] | None) -> None:
+    def __init__(self, root: str, prefix: str, shown: set[int] | None) -> None:
+        """``prefix``: the line prefix template torch's agent would get (``launch.line_prefix``)."""
         self.root, self.prefix, self.shown = root, prefix, shown
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
@@ -71,7 +74,7 @@ class _Output:
         self.threads.append(thread)
 
     def _copy(self, rank: int, stream: IO[bytes], console: IO[str], path: str) -> None:
-        head = f"[rank {rank}]: " if self.prefix else ""
+        head = string.Template(self.prefix).safe_substitute(rank=rank)
         show = self.shown is None or rank in self.shown
         with open(path, "wb") as log:
             for raw in iter(stream.readline, b""):
@@ -102,13 +105,13 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
     root = os.path.join(log_dir or tempfile.mkdtemp(prefix="hpctorch_"), plan.run_id, "attempt_0")
     shown = console_ranks if console_ranks is not None else ({w.rank for w in plan.workers if w.local_rank in local_ranks} if local_ranks else None)
-    output = _Output(root, prefix, shown)
+    output = _Output(root, line_prefix(plan) if prefix else "", shown)
     has_lists = any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS"))
     workers: list[subprocess.Popen] = []
     received: list[int] = []
     preempted: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    previous.update({s: signal.signal(s, lambda signum, _f: (preempted.append(signum), _send(workers, signum))) for s in PREEMPT_SIGNALS})
+    previous.update({s: signal.signal(s, lambda signum, _f: (preempted.append(signum), signal_groups(workers, signum))) for s in PREEMPT_SIGNALS})
     try:
         for worker in plan.workers:
             local = worker.local_rank
@@ -181,21 +184,11 @@ def _print_survivors(plan: Plan) -> None:
         print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-def _send(workers: Sequence[subprocess.Popen], sig: int) -> None:
-    """To each live worker's process group (its data loaders too); Windows has none."""
-    for worker in workers:
-        if worker.poll() is None:
-            try:
-                os.killpg(worker.pid, sig) if hasattr(os, "killpg") else worker.send_signal(sig)
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
-
-
 def _stop(workers: Sequence[subprocess.Popen]) -> None:
-    _send(workers, signal.SIGTERM)
+    signal_groups(workers, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
     while any(w.poll() is None for w in workers) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    _send(workers, getattr(signal, "SIGKILL", signal.SIGTERM))
+    signal_groups(workers, getattr(signal, "SIGKILL", signal.SIGTERM))
     for worker in workers:
         worker.wait()
