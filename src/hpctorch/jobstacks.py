@@ -20,6 +20,7 @@ from ._worker import dump_dir
 from .stackdump import RankStack, Worker, capture
 
 TEARDOWN_BUDGET_S = 2.0
+TEARDOWN_TITLE = "where the other ranks were when the job was stopped"
 FRESH_S = 120.0
 """A part older than this (left by a dump whose node 0 never collected it) is ignored."""
 
@@ -138,6 +139,10 @@ class NodeStacks:
             return []  # nobody left to show
         return stackgroups.summary(merged, self.plan.nnodes, own[1], missing, title)
 
+
+    def teardown_summary(self, store=None, timeout_s: float = 0.0) -> list[str]:  # type: ignore[no-untyped-def]
+        """Node 0: the survivors' stacks taken at teardown, with the other nodes' (``store``)."""
+        return self.lines(store, "teardown", self.teardown, timeout_s, TEARDOWN_TITLE) if self.teardown is not None else []
 
 def install_teardown_capture(take: Callable[[], None], after: Callable[[], None] = lambda: None) -> None:
     """Run ``take`` just before torch stops the workers (every way a run ends: a failed rank,

@@ -262,9 +262,7 @@ def run_per_node(
         watchdog.finished()
         _requeue_if_preempted(plan, preempted, requeue)
     if plan.is_master and failure is not None and stacks.teardown is not None and not quiet:
-        from .watchdog import TEARDOWN_TITLE
-
-        lines = watchdog.teardown_lines or stacks.lines(None, "teardown", stacks.teardown, 0, TEARDOWN_TITLE)
+        lines = watchdog.teardown_lines or stacks.teardown_summary()
         if lines:
             print("\n".join(lines), file=sys.stderr, flush=True)
     if plan.is_master and (summary_json or not quiet):

@@ -175,11 +175,10 @@ def _wait(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int], 
 
 def _print_survivors(plan: Plan) -> None:
     from .jobstacks import NodeStacks
-    from .watchdog import TEARDOWN_TITLE
 
     stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
-    taken = stacks.take("teardown")
-    lines = stacks.lines(None, "teardown", taken, 0, TEARDOWN_TITLE)
+    stacks.take_at_teardown(None)  # one node: nothing to send
+    lines = stacks.teardown_summary()
     if lines:
         print("\n".join(lines), file=sys.stderr, flush=True)
 

@@ -44,7 +44,6 @@ UNREACHABLE_AFTER_S = 3.0
 STORE_TIMEOUT_S = 2
 LINGER_S = 5.0
 DONE = b"done"
-TEARDOWN_TITLE = "where the other ranks were when the job was stopped"
 COLLECT_S = 3.0
 """How long node 0 waits for the other nodes' part of a stack dump."""
 
@@ -137,7 +136,7 @@ class JobWatchdog:
                 self._linger(store)
                 self.final = self._read_final(store)
                 if self.stacks is not None and self.stacks.teardown is not None and store.check([self.prefix + "abort"]):
-                    self.teardown_lines = self.stacks.lines(store, "teardown", self.stacks.teardown, COLLECT_S, TEARDOWN_TITLE)
+                    self.teardown_lines = self.stacks.teardown_summary(store, COLLECT_S)
                     store.set(self._collected_key, "1")
             elif self.stacks is not None and self.stacks.teardown is not None and store.check([self.prefix + "abort"]):
                 # Until node 0 has read this node's stacks: a launcher that kills the whole step
