@@ -124,6 +124,7 @@ def test_preemption_signal_reaches_every_rank_and_the_job_is_requeued(cluster: C
     # Every rank checkpoints; node 0 requeues; the second run finds SLURM_RESTART_COUNT=1 and resumes.
     deadline = time.monotonic() + 300
     last_hurry = 0.0
+    shown = ""
     while len(list(markers.glob("*.resumed"))) < 4 and time.monotonic() < deadline:
         shown = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env(), capture_output=True, text=True, timeout=10).stdout
         if "Restarts=1" in shown and "JobState=PENDING" in shown and time.monotonic() - last_hurry > 2:
@@ -132,8 +133,12 @@ def test_preemption_signal_reaches_every_rank_and_the_job_is_requeued(cluster: C
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env(), timeout=10, check=False)
             last_hurry = time.monotonic()
         time.sleep(0.5)
-    assert sorted(p.name for p in markers.glob("*.preempted")) == [f"rank{r}.preempted" for r in range(4)]
-    assert sorted(p.name for p in markers.glob("*.resumed")) == [f"rank{r}.resumed" for r in range(4)]
+    # Said in full when it fails: a requeued job that never starts again is Slurm's state
+    # (pending reason, drained node) as much as ours.
+    nodes = subprocess.run(["sinfo", "-N", "-o", "%N %T %E"], env=cluster.env(), capture_output=True, text=True, timeout=10).stdout
+    why = f"{shown}\n{nodes}\n{out.read_text()[-3000:]}"
+    assert sorted(p.name for p in markers.glob("*.preempted")) == [f"rank{r}.preempted" for r in range(4)], why
+    assert sorted(p.name for p in markers.glob("*.resumed")) == [f"rank{r}.resumed" for r in range(4)], why
     assert cluster.wait_job(job_id) == "COMPLETED"
     shown = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env(), capture_output=True, text=True, timeout=10).stdout
     assert "Restarts=1" in shown

@@ -48,7 +48,7 @@ def test_the_users_omp_num_threads_is_kept() -> None:
     assert [r["omp"] for r in _reports(done.stdout)] == ["7", "7"]
 
 
-def test_init_applies_the_binding_it_plans() -> None:
+def test_init_applies_the_binding_it_plans(tmp_path) -> None:
     import shutil
     import subprocess
     import sys
@@ -57,9 +57,9 @@ def test_init_applies_the_binding_it_plans() -> None:
     require(len(os.sched_getaffinity(0)) >= 2, "needs 2 CPUs to split")
     script = str(ROOT / "tests" / "fixtures" / "init_affinity.py")
     done = subprocess.run(["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, script],
-                          capture_output=True, text=True, env=clean_env(), timeout=240, cwd=ROOT)
+                          capture_output=True, text=True, env=clean_env(AFFINITY_REPORTS=str(tmp_path)), timeout=240, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    reports = _reports(done.stdout)
+    reports = sorted((json.loads(path.read_text()) for path in tmp_path.glob("rank*.json")), key=lambda r: r["rank"])
     assert [r["rank"] for r in reports] == [0, 1]
     for report in reports:
         assert report["planned"] and report["allowed"] == report["planned"], report  # applied, not only claimed
