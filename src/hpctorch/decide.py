@@ -134,13 +134,15 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         node_rank, reasons["node_rank"], known = _node_rank(allocation, options, nnodes, backend)
         nproc_per_node, reasons["nproc_per_node"] = _workers_per_node(allocation, options, facts, nnodes)
 
-    if mode == "per-node" and nnodes > 1 and options.max_restarts > 0 and backend == "static":
-        # torch's static rendezvous restarts only the failing node's workers; the other
-        # nodes would wait in their collectives forever.
+    restarts = mode == "per-node" and options.max_restarts > 0
+    if restarts and options.rdzv_backend == "static":
+        # torch's static rendezvous restarts only the failing node's workers (the others wait
+        # in their collectives), and its one store keeps the dead workers' addresses, which the
+        # restarted ones then read (pytorch/pytorch#135712).
         raise HpctorchError(
-            f"--max-restarts {options.max_restarts} on {nnodes} nodes: with a static rendezvous only the failing "
-            "node would restart its workers and the others would hang",
-            "let the scheduler requeue the job (--requeue), or restart on one node",
+            f"--max-restarts {options.max_restarts} with --rdzv-backend static: torch's static rendezvous cannot restart "
+            "workers (its store keeps the old workers' keys; on several nodes only the failing node would restart)",
+            "drop --rdzv-backend static (hpctorch then restarts through torch's c10d rendezvous), or let the scheduler requeue the job (--requeue)",
         )
     nodes = allocation.nodes if len(allocation.nodes) == nnodes else ()
     port = ports.master_port(allocation, options, facts, nnodes, sum(nproc_per_node), mode, reasons)
@@ -153,6 +155,11 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         rdzv_backend, reasons["rdzv_backend"] = options.rdzv_backend, "--rdzv-backend"
         if port == 0 and rdzv_backend == "static":
             port = facts.spare_port  # torch's static rendezvous needs the port in advance
+    elif restarts:
+        rdzv_backend = "c10d"
+        reasons["rdzv_backend"] = (f"--max-restarts {options.max_restarts}: torch's c10d rendezvous, with a fresh store for each "
+                                   "restart" + (", and every node restarts its workers together (static would restart only the "
+                                                "failing node's)" if nnodes > 1 else ""))
     else:
         rdzv_backend = "c10d" if port == 0 else "static"
         reasons["rdzv_backend"] = (

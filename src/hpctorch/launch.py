@@ -185,10 +185,16 @@ def run_per_node(
     _file_store_env(plan, os.environ)  # type: ignore[arg-type]
     specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)
     config = _launch_config(plan, specs, prefix)
+    if plan.max_restarts and plan.rdzv_backend == "c10d":
+        # torch's c10d rendezvous shares one store with the workers across restarts, and a
+        # node restarted by a peer's failure keeps its restart count, so restarted workers
+        # read the dead ones' addresses (pytorch/pytorch#135712, #167288); torch's opt-out
+        # gives each round a fresh store.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous import RendezvousError
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError
 
     from . import agreement
     from .jobstacks import NodeStacks, install_teardown_capture
@@ -249,6 +255,10 @@ def run_per_node(
             # The agent already stopped its workers; say so once and keep 128+signal.
             watchdog.report_failure(f"node {plan.node_rank} was stopped by {exc.sigval.name}")
             failure = WorkersFailed(f"stopped by {exc.sigval.name}", exit_code=128 + int(exc.sigval))
+    except RendezvousClosedError:
+        # A node that used up its restarts closes torch's rendezvous; the others learn it here.
+        watchdog.close()
+        failure = WorkersFailed(f"stopped: {watchdog.reason or 'another node ran out of restarts and closed the rendezvous'}", exit_code=1)
     except (DistError, RendezvousError, RuntimeError) as exc:
         watchdog.report_failure(f"node {plan.node_rank} could not join the rendezvous")
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

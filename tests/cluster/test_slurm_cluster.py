@@ -76,6 +76,26 @@ def test_a_killed_worker_ends_the_job_under_srun_without_kill_on_bad_exit(cluste
     print(f"srun without --kill-on-bad-exit: job ended {elapsed:.2f} s after the kill")
 
 
+def test_max_restarts_restarts_every_node_and_gives_up_in_one_line(cluster: Cluster, job_dir: Path) -> None:
+    import json
+
+    report = str(ROOT / "tests" / "fixtures" / "report.py")
+    srun = ("sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+            *HPCTORCH, "run", "--max-restarts", "1", "--nproc-per-node", "2", report, "--init")
+    # Rank 3 (node2) fails once: node2 restarts for its own failure, node1 because torch's
+    # c10d rendezvous tells it a node is waiting; all four meet again in a fresh store.
+    done = cluster.run("node1", [*srun, "--fail-first", "3"], timeout=240)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in done.stdout.splitlines() if "REPORT " in line]
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3] and {r["rank_sum"] for r in reports} == {6.0}
+    assert {r["host"]: r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in reports} == {"node1": "0", "node2": "1"}
+    # Rank 3 fails every time: once its restarts are used up, every node stops and node 0 says why.
+    done = cluster.run("node1", [*srun, "--fail-rank", "3"], timeout=240)
+    assert done.returncode != 0
+    assert "rank 3 on node 1 (node2) (local rank 1) exited with code 3" in done.stderr, done.stderr[-3000:]
+    assert "rendezvous at" not in done.stderr, done.stderr[-3000:]
+
+
 def test_interface_trap_fails_fast_on_the_management_net_and_passes_on_the_fabric(cluster: Cluster, job_dir: Path) -> None:
     srun = ("srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1")
     # Forced onto the management interface the hostnames resolve to: node2 cannot reach node1.

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hpctorch.network import free_port
 
 from ..conftest import EXAMPLES, ROOT, clean_env, hpctorch, unprefixed
@@ -134,6 +136,20 @@ def test_output_is_prefixed_filtered_and_kept_per_rank(tmp_path: Path) -> None:
     assert sorted(int(re.search(r"^rank=(\d)", t, re.M).group(1)) for t in texts) == [0, 1, 2, 3]
     plain = hpctorch("run", "--no-prefix", "--nproc-per-node", "2", str(EXAMPLES / "toy_ddp.py"), "--steps", "2", env=clean_env(), timeout=300)
     assert plain.returncode == 0 and "[rank" not in plain.stdout and "done world=2" in plain.stdout
+
+
+@pytest.mark.parametrize("given_port", [False, True])
+def test_a_restart_recovers_a_failed_rank(given_port: bool) -> None:
+    # Rank 1 fails in the first attempt only: the restarted workers must meet in a fresh store
+    # (torch's shared one would hand them the dead workers' addresses). A given port used to
+    # mean torch's static rendezvous, whose one store cannot be made fresh.
+    port = ("--master-port", str(free_port())) if given_port else ()
+    done = hpctorch("run", "--max-restarts", "1", "--nproc-per-node", "2", *port, REPORT, "--init", "--fail-first", "1",
+                    env=clean_env(), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in done.stdout.splitlines() if "REPORT " in line]
+    assert sorted(r["rank"] for r in reports) == [0, 1] and {r["rank_sum"] for r in reports} == {1.0}
+    assert {r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in reports} == {"1"}
 
 
 def test_one_node_is_started_by_hpctorch_unless_torchs_agent_is_needed() -> None:

@@ -193,10 +193,16 @@ def test_an_allocation_whose_nodes_are_unnamed_is_not_planned_before_the_allgath
         make_plan(allocation, Options(command=PY), facts())
 
 
-def test_restarts_across_nodes_are_refused_in_one_line() -> None:
-    with pytest.raises(HpctorchError, match="--max-restarts 2 on 2 nodes"):
-        make_plan(local(), Options(nnodes=2, node_rank=0, master_port=1, max_restarts=2, command=PY), facts())
-    assert make_plan(local(), Options(max_restarts=2, command=PY), facts()).max_restarts == 2  # one node restarts fine
+def test_restarts_go_through_torchs_c10d_rendezvous_and_static_ones_are_refused() -> None:
+    across = make_plan(local(), Options(nnodes=2, node_rank=0, master_port=1, max_restarts=2, command=PY), facts())
+    assert across.rdzv_backend == "c10d" and "every node restarts" in across.reasons["rdzv_backend"]
+    assert (across.master_port, across.max_restarts) == (1, 2)
+    one = make_plan(local(), Options(master_port=29400, max_restarts=2, command=PY), facts())
+    assert one.rdzv_backend == "c10d" and "fresh store" in one.reasons["rdzv_backend"]
+    assert make_plan(local(), Options(master_port=29400, command=PY), facts()).rdzv_backend == "static"  # no restarts: as before
+    for nnodes in (1, 2):
+        with pytest.raises(HpctorchError, match="--max-restarts 2 with --rdzv-backend static"):
+            make_plan(local(), Options(nnodes=nnodes, node_rank=0, master_port=1, max_restarts=2, rdzv_backend="static", command=PY), facts())
 
 
 def test_windows_gets_a_tcpstore_without_libuv_unless_the_user_chose() -> None:
