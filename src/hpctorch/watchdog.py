@@ -4,17 +4,18 @@ torch's static rendezvous serves a TCPStore on the master (multi-tenant), and ea
 node's agent is its client. The watchdog is one more client per node, under the key
 prefix ``hpctorch/<run id>/``. Its load on the store is constant per node, whatever the
 node count (shared/DESIGN.md, scale rules):
-- every node, every ``POLL_S``: one ``add`` to its own counter ``beat/<node>``, one
-  ``check`` of ``abort`` and (nodes other than 0) one of ``finished``: at most three
-  requests, whatever N;
+- every node, every ``POLL_S``: one ``add`` of 0 to the job's ``state`` counter (1: node 0
+  finished, 2 or more: aborted), and every ``BEAT_EVERY`` polls one ``add`` to its own
+  counter ``beat/<node>``: 2.5 requests per second per node, whatever N (10,000 nodes:
+  25,000 small requests per second on node 0's store);
 - node 0 alone judges: one ``multi_get`` of all counters per ``POLL_S``. A counter that
   stops moving for ``SILENT_AFTER_S`` (a frozen node, or its link down) names the node
   in ``abort``. Counters are compared against node 0's clock only (no clock skew).
 - ``abort``: a one-line summary, set by the node whose workers failed or by node 0's
-  verdict; every node that reads it stops its workers through the torch agent's own
-  SIGTERM handling, and adds one to ``ack``.
-- a node whose workers all succeeded sets its counter to ``done``; node 0 also sets
-  ``finished``, so a node still finishing when node 0's store goes away is not alarmed.
+  verdict, then 2 added to ``state``; every node that reads that stops its workers through
+  the torch agent's own SIGTERM handling, and adds one to ``ack``.
+- a node whose workers all succeeded sets its counter to ``done``; node 0 also adds 1 to
+  ``state``, so a node still finishing when node 0's store goes away is not alarmed.
 Node 0 serves the store: before its agent exits it waits (at most ``LINGER_S``) until
 every node has read the abort, or finished, so nobody sees "store gone" instead of the cause,
 then prints the survivors' stacks every node took at teardown (``jobstacks``).
@@ -39,11 +40,16 @@ from dataclasses import dataclass
 from .plan import Plan
 
 POLL_S = 0.5
+BEAT_EVERY = 4
+"""Polls per heartbeat: a beat every 2 s, five in the silence window; the abort is read every poll."""
 SILENT_AFTER_S = 10.0
 UNREACHABLE_AFTER_S = 3.0
 STORE_TIMEOUT_S = 2
 LINGER_S = 5.0
 DONE = b"done"
+FINISHED, ABORTED = 1, 2
+"""Values of the ``state`` counter: node 0 adds 1 when its workers succeeded, a node that
+aborts adds 2 (so any value from 2 up means aborted, whatever else happened)."""
 COLLECT_S = 3.0
 """How long node 0 waits for the other nodes' part of a stack dump."""
 
@@ -102,12 +108,16 @@ class JobWatchdog:
         """Tell every node that this one failed (best effort: the store may be gone)."""
         self._finish(self.prefix + "abort", summary)
 
+    def _set_abort(self, store, reason: str) -> None:  # type: ignore[no-untyped-def]
+        store.set(self.prefix + "abort", reason)  # the reason first: a reader of state then finds it
+        store.add(self._state_key, ABORTED)
+
     def finished(self) -> None:
         self._finish(self._beat_key(), DONE.decode())
 
     @property
-    def _finished_key(self) -> str:
-        return self.prefix + "finished"
+    def _state_key(self) -> str:
+        return self.prefix + "state"
 
     def close(self) -> None:
         """Stop watching without telling anyone (the abort is already in the store)."""
@@ -126,12 +136,13 @@ class JobWatchdog:
         if store is None:
             return
         try:
-            if key is not None:
+            if key is not None and key.endswith("abort"):
+                self._set_abort(store, value)
+                self._ack(store)
+            elif key is not None:
                 store.set(key, value)
-                if key.endswith("abort"):
-                    self._ack(store)
-                elif value == DONE.decode() and self.plan.is_master:
-                    store.set(self._finished_key, "1")
+                if value == DONE.decode() and self.plan.is_master:
+                    store.add(self._state_key, FINISHED)
             if self.plan.is_master:
                 self._linger(store)
                 self.final = self._read_final(store)
@@ -213,24 +224,27 @@ class JobWatchdog:
                 pass
         last_ok = time.monotonic()
         master_finished = False
+        polls = 0
         while not self._stop.wait(POLL_S):
             now = time.monotonic()
             try:
-                self.requests += 2
-                store.add(self._beat_key(), 1)
-                if store.check([self.prefix + "abort"]):
+                if polls % BEAT_EVERY == 0:
+                    self.requests += 1
+                    store.add(self._beat_key(), 1)
+                polls += 1
+                self.requests += 1
+                state = store.add(self._state_key, 0)
+                if state >= ABORTED:
                     self.requests += 1
                     if not self._stop.is_set():
                         self._abort(store, store.get(self.prefix + "abort").decode())
                     return
-                if judge is None:
-                    self.requests += 1
-                    master_finished = master_finished or store.check([self._finished_key])
-                else:
+                master_finished = state == FINISHED
+                if judge is not None:
                     self.requests += 1
                     reason = judge.verdict(store, self._beats, now) or judge.stalled(store, self._outs, now)
                     if reason:
-                        store.set(self.prefix + "abort", reason)
+                        self._set_abort(store, reason)
                         self._abort(store, reason)
                         return
                 if self.stall is not None:

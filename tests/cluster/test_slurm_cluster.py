@@ -81,7 +81,7 @@ def test_max_restarts_restarts_every_node_and_gives_up_in_one_line(cluster: Clus
 
     report = str(ROOT / "tests" / "fixtures" / "report.py")
     srun = ("sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-            *HPCTORCH, "run", "--max-restarts", "1", "--nproc-per-node", "2", report, "--init")
+            *HPCTORCH, "run", "--max-restarts", "1", "--nproc-per-node", "2", report, "--init", "--brief")
     # Rank 3 (node2) fails once: node2 restarts for its own failure, node1 because torch's
     # c10d rendezvous tells it a node is waiting; all four meet again in a fresh store.
     done = cluster.run("node1", [*srun, "--fail-first", "3"], timeout=240)
@@ -94,6 +94,12 @@ def test_max_restarts_restarts_every_node_and_gives_up_in_one_line(cluster: Clus
     assert done.returncode != 0
     assert "rank 3 on node 1 (node2) (local rank 1) exited with code 3" in done.stderr, done.stderr[-3000:]
     assert "rendezvous at" not in done.stderr, done.stderr[-3000:]
+    # Elastic (--nnodes MIN:MAX, as with torchrun): the same restart.
+    after_run = srun.index("run") + 1
+    elastic = [*srun[:after_run], "--nnodes", "1:2", "--rdzv-backend", "c10d", *srun[after_run:], "--fail-first", "3"]
+    done = cluster.run("node1", elastic, timeout=240)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert {json.loads(line.split("REPORT ", 1)[1])["rank_sum"] for line in done.stdout.splitlines() if "REPORT " in line} == {6.0}
 
 
 def test_interface_trap_fails_fast_on_the_management_net_and_passes_on_the_fabric(cluster: Cluster, job_dir: Path) -> None:
