@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ BRIDGE_ADDR = "198.18.0.254"
 HOSTS_MARK = "# hpctorch-test-cluster"
 STATE_DIR = Path(os.environ.get("HPCTORCH_CLUSTER_DIR", "/tmp/hpctorch-cluster"))
 MAX_NODES = 4
+GPUS_PER_NODE = 2
+"""Stand-in GPUs per node for Slurm's GRES (see Cluster._gpu_devices)."""
 
 
 def fabric_addr(index: int) -> str:
@@ -205,6 +208,7 @@ class Cluster:
         nodes = f"node[1-{self.count}]" if self.count > 1 else "node1"
         addrs = ",".join(fabric_addr(i) for i in range(1, self.count + 1))
         cpus = os.cpu_count() or 2
+        gpus = self._gpu_devices()
         self.conf.write_text(
             f"""ClusterName=hpct
 SlurmctldHost={host}({BRIDGE_ADDR})
@@ -233,16 +237,32 @@ SlurmdPort=6818
 KillWait=5
 MinJobAge=30
 InactiveLimit=0
-NodeName={nodes} NodeAddr={addrs} CPUs={cpus} State=UNKNOWN
+GresTypes=gpu
+NodeName={nodes} NodeAddr={addrs} CPUs={cpus} Gres=gpu:{len(gpus)} State=UNKNOWN
 PartitionName=debug Nodes={nodes} Default=YES MaxTime=60 State=UP OverSubscribe=FORCE:8
 """
         )
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+        (d / "gres.conf").write_text(f"AutoDetect=off\nNodeName={nodes} Name=gpu File={','.join(str(g) for g in gpus)}\n")
         env = self.env()
         subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env=env, timeout=30, capture_output=True)
         for node in self.names:
             subprocess.run(self.on(node, ["slurmd", "-N", node, "-f", str(self.conf)]), check=True, env=env, timeout=30, capture_output=True)
         self._wait_idle()
+
+    def _gpu_devices(self) -> list[Path]:
+        """GPUS_PER_NODE stand-in GPU device files (NVIDIA's character major 195, no driver behind
+        them): Slurm's gres/gpu plugin then grants GPUs and sets CUDA_VISIBLE_DEVICES per task,
+        as on a GPU cluster; opening one fails (ENXIO), so nothing here can use it by mistake."""
+        dev = self.dir / "dev"
+        dev.mkdir(exist_ok=True)
+        paths = []
+        for index in range(GPUS_PER_NODE):
+            path = dev / f"nvidia{index}"
+            if not path.exists():
+                os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(195, index))
+            paths.append(path)
+        return paths
 
     def _rsh_agent(self) -> None:
         # mpirun calls its agent like ssh: AGENT [options] HOST COMMAND WORDS...; like

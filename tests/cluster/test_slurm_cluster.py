@@ -196,7 +196,8 @@ def test_scancel_ends_every_worker_on_every_node(cluster: Cluster, job_dir: Path
         assert "stopped by SIGTERM" in out.read_text(), out.read_text()[-2000:]
 
 
-@pytest.mark.parametrize("layout", [["--nproc-per-node", "2"], ["--cpus-per-node", "1"], ["--preempt-signal", "USR1@60", "--requeue"]])
+@pytest.mark.parametrize("layout", [["--nproc-per-node", "2"], ["--cpus-per-node", "1"], ["--preempt-signal", "USR1@60", "--requeue"],
+                                    ["--gpus-per-node", "2"], ["--gpus-per-node", "2", "--nproc-per-node", "1", "--cpus-per-node", "2"]])
 def test_every_slurm_script_submit_writes_passes_sbatch_test_only(cluster: Cluster, job_dir: Path, layout: list[str]) -> None:
     script = job_dir / "job.sh"
     written = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *HPCTORCH, "submit", "--scheduler", "slurm",
@@ -221,9 +222,18 @@ def test_arbitrary_distribution_masters_on_the_node_of_task_0(cluster: Cluster, 
     assert "done world=4" in done.stdout
 
 
-@pytest.mark.parametrize("layout, per_node, agent", [(["--nproc-per-node", "2"], 2, "none"), ([], 1, "torch")])
-def test_a_script_submit_writes_runs_as_written(cluster: Cluster, job_dir: Path, layout: list[str], per_node: int, agent: str) -> None:
-    # --nproc-per-node 2: every rank a Slurm task (per task); nothing given: one task per node (per node).
+@pytest.mark.parametrize("layout, per_node, agent, gpus", [
+    (["--nproc-per-node", "2"], 2, "none", ["-", "-"]),
+    ([], 1, "torch", ["-"]),
+    # The harness's stand-in GPUs (Slurm GRES, see Cluster._gpu_devices): Slurm binds them.
+    (["--gpus-per-node", "2"], 2, "none", ["0", "1"]),
+    (["--gpus-per-node", "2", "--nproc-per-node", "1"], 1, "torch", ["0,1"]),
+])
+def test_a_script_submit_writes_runs_as_written(cluster: Cluster, job_dir: Path, layout: list[str], per_node: int, agent: str,
+                                                gpus: list[str]) -> None:
+    # --nproc-per-node 2: every rank a Slurm task (per task); nothing given: one task per node
+    # (per node); --gpus-per-node 2: a task per GPU, Slurm binding one to each; with one rank
+    # per node, one task per node with both GPUs.
     submitted = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *HPCTORCH, "submit", "--scheduler", "slurm",
                                       "--nodes", "2", "--time", "5", *layout, TOY, "--steps", "6"], timeout=60)
     assert submitted.returncode == 0, submitted.stderr
@@ -232,3 +242,5 @@ def test_a_script_submit_writes_runs_as_written(cluster: Cluster, job_dir: Path,
     output = (job_dir / f"hpctorch-hpctorch-{job_id}.out").read_text()
     assert_trained_across_nodes(output, per_node=per_node)
     assert {r["agent"] for r in toy_ranks(output)} == {agent}
+    for node in ("node1", "node2"):  # each rank sees its own GPUs, as Slurm granted them
+        assert sorted(r["gpus"] for r in toy_ranks(output) if r["host"] == node) == gpus, output[-2000:]
