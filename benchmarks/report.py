@@ -112,13 +112,14 @@ def teardown(data: dict) -> str:
 
 def control_plane_scale(data: dict) -> str:
     rows = [[r["nodes"], f"{r['requests_per_s']:.0f}", f"{r['per_node_per_s']:.2f}", r["false_alarms"],
-             f"{r['abort_known_s']:.2f}", r["never_knew"], f"{r['agreement_s']:.2f}"] for r in data["rows"]]
+             f"{r['abort_known_s']:.2f}", r["never_knew"], f"{r['agreement_s']:.2f}",
+             f"{r['agreement_cpu_s']:.1f}" if "agreement_cpu_s" in r else "-"] for r in data["rows"]]
     _plot_control_plane(data)
     notes = "".join(f"\n\n{note}" for note in data.get("notes", ()))
     return (f"Simulated nodes: the real `JobWatchdog` and `agreement.check`, one per node, as threads in "
             f"{data.get('processes', 8)} processes, against one real TCPStore; {data['idle_s']:.0f} s of idle watching per size.\n\n" +
             table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew",
-                   "agreement (s)"], rows) + notes + "\n\n![control plane scale](plots/control_plane_scale.png)")
+                   "agreement (s)", "agreement CPU (s)"], rows) + notes + "\n\n![control plane scale](plots/control_plane_scale.png)")
 
 
 def _plot_control_plane(data: dict) -> None:
@@ -128,6 +129,7 @@ def _plot_control_plane(data: dict) -> None:
         (nodes, [r["requests_per_s"] for r in rows], "o-", "store requests/s, all nodes"),
         (nodes, [r["per_node_per_s"] for r in rows], "s-", "store requests/s per node"),
         (nodes, [r["abort_known_s"] for r in rows], "^-", "abort known by every node, s"),
+        (nodes, [r["agreement_s"] for r in rows], "d-", "agreement, s"),
     ])
 
 
