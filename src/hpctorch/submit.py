@@ -4,6 +4,7 @@ own submit command. Pure rendering (``render``) is kept apart from submitting.""
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import shutil
@@ -194,8 +195,12 @@ def render(request: JobRequest, scheduler: str, template: str | None = None, pyt
 
 def default_scheduler() -> str:
     for name, command in SUBMIT_COMMANDS.items():
-        if shutil.which(command):
+        # Grid Engine's qsub is not PBS's: its settings.sh exports SGE_ROOT to every user.
+        if shutil.which(command) and not (name == "pbs" and os.environ.get("SGE_ROOT")):
             return name
+    if os.environ.get("SGE_ROOT"):
+        raise HpctorchError("the qsub on PATH is Grid Engine's (SGE_ROOT is set), and hpctorch submit writes no Grid Engine "
+                            "scripts", "write the job script yourself: qsub -pe PE N job.sh with 'hpctorch run ...' in it")
     raise HpctorchError("no scheduler's submit command (sbatch, qsub, bsub, flux) is on PATH", "pass --scheduler and --dry-run to write the script")
 
 

@@ -291,6 +291,9 @@ PartitionName=debug Nodes={nodes} Default=YES MaxTime=60 State=UP OverSubscribe=
 
     def down(self) -> None:
         """Remove everything this harness may have created; safe to call twice."""
+        from .gridengine import stop_daemons
+
+        stop_daemons()  # a Grid Engine cell on node1, if a test left one running
         for pidfile in sorted(self.dir.glob("slurmd-*.pid")) + [self.dir / "slurmctld.pid", self.dir / "munge" / "munged.pid"]:
             _kill_by_pidfile(pidfile)
         listed = _sh("ip", "netns", "list", check=False).stdout.split()

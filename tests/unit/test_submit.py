@@ -79,3 +79,17 @@ def test_lsf_wall_time_rounds_up_to_whole_minutes() -> None:
     text = render(JobRequest(command=("t.py",), nodes=1, time_s=parse_time("59:30")), "lsf", python="/py")
     assert "#BSUB -W 1:00" in text  # not 0:60
     assert "#BSUB -W 0:01" in render(JobRequest(command=("t.py",), nodes=1, time_s=1), "lsf", python="/py")
+
+
+def test_grid_engines_qsub_is_not_taken_for_pbs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctorch.submit import default_scheduler
+
+    qsub = tmp_path / "qsub"
+    qsub.write_text("#!/bin/sh\n")
+    qsub.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("SGE_ROOT", raising=False)
+    assert default_scheduler() == "pbs"
+    monkeypatch.setenv("SGE_ROOT", "/var/lib/gridengine")  # what Grid Engine's settings.sh exports
+    with pytest.raises(HpctorchError, match="Grid Engine's"):
+        default_scheduler()
