@@ -68,7 +68,7 @@ def main() -> None:
     say(
         f"rank={rank} world={world} local_rank={os.environ.get('LOCAL_RANK')} node_rank={node} "
         f"host={socket.gethostname()} master={os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} "
-        f"backend={dist.get_backend()} agent={'torch' if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') else 'none'} "
+        f"backend={dist.get_backend()} agent={'torch' if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True' else 'none'} "
         f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES') or '-'}"
     )
 
