@@ -88,9 +88,11 @@ def _hms(seconds: int) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def per_task_slurm(request: JobRequest) -> int | None:
-    """Slurm starts every rank itself (and binds one GPU to each) when the count per node is
-    known and each rank has one GPU or none: the rank count per node; None: one task per node."""
+def per_task(request: JobRequest) -> int | None:
+    """The scheduler's launcher starts every rank itself (and one GPU goes to each: bound by
+    srun, jsrun and Flux, by hpctorch from the local rank under PALS/MPICH mpiexec) when the
+    count per node is known and each rank has one GPU or none: the rank count per node;
+    None: one task per node, whose hpctorch starts the workers."""
     nproc = request.nproc_per_node or request.gpus_per_node
     if not nproc or (request.gpus_per_node and request.gpus_per_node != nproc):
         return None
@@ -102,7 +104,7 @@ def _directives(request: JobRequest, scheduler: str, output: str) -> list[str]:
     sig = request.preempt
     if scheduler == "slurm":
         prefix = "#SBATCH "
-        tasks = per_task_slurm(request)
+        tasks = per_task(request)
         lines += [f"--partition={request.partition}"] if request.partition else []
         lines += [f"--account={request.account}"] if request.account else []
         if request.gpus_per_node:
@@ -138,6 +140,11 @@ def _directives(request: JobRequest, scheduler: str, output: str) -> list[str]:
     return [prefix + line for line in lines]
 
 
+_LAUNCHERS = {"slurm": ("Slurm", "srun"), "pbs": ("PBS", "mpiexec (Cray PALS or MPICH)"), "lsf": ("LSF", "jsrun"),
+              "flux": ("Flux", "flux run")}
+"""Per scheduler: its name, and what starts the tasks in the scripts hpctorch writes."""
+
+
 def render(request: JobRequest, scheduler: str, template: str | None = None, python: str = sys.executable) -> str:
     """The job script text; ``template`` overrides the packaged one for ``scheduler``."""
     if scheduler not in SUBMIT_COMMANDS:
@@ -151,27 +158,30 @@ def render(request: JobRequest, scheduler: str, template: str | None = None, pyt
     text = template if template is not None else resources.files("hpctorch").joinpath(f"templates/{scheduler}.sh").read_text()
     output = request.output if request.output is not None else DEFAULT_OUTPUT[scheduler]
     nproc = request.nproc_per_node or request.gpus_per_node
-    tasks = per_task_slurm(request) if scheduler == "slurm" else None
+    tasks = per_task(request)
     # Per task the scheduler starts every rank: each runs the script itself, no --nproc-per-node.
     run = [python, "-m", "hpctorch", "run", *(["--nproc-per-node", str(nproc)] if nproc and not tasks else []), *request.command]
-    layout = (f"Slurm starts {tasks} task(s) per node, one per rank{' with one GPU each' if request.gpus_per_node else ''}; "
-              "each runs the script\n# with the nodes, master and port from Slurm itself (hpctorch's per-task mode)." if tasks else
-              f"one task per node runs `hpctorch run`, which starts\n# {nproc or 'one per GPU (or 1)'} worker(s) per node "
-              "and finds the nodes, master and port from Slurm itself.")
+    name, starter = _LAUNCHERS[scheduler]
+    layout = (f"{starter} starts {tasks} task(s) per node, one per rank{' with one GPU each' if request.gpus_per_node else ''}; "
+              f"each runs the script\n# with the nodes, master and port from {name} itself (hpctorch's per-task mode)." if tasks else
+              f"one task per node, started by {starter}, runs `hpctorch run`, which starts\n# {nproc or 'one per GPU (or 1)'} "
+              f"worker(s) per node and finds the nodes, master and port from {name} itself.")
+    per = tasks or 1
+    gpus = 1 if tasks and request.gpus_per_node else request.gpus_per_node
+    cpus = max(1, request.cpus_per_node // per) if request.cpus_per_node else None
     pbs_resources = "".join(
         f":{key}={value}" for key, value in (("ngpus", request.gpus_per_node), ("ncpus", request.cpus_per_node)) if value
     )
-    jsrun_resources = " ".join(
-        f"--{key} {value}" for key, value in (("gpu_per_rs", request.gpus_per_node), ("cpu_per_rs", request.cpus_per_node)) if value
-    )
-    flux_resources = "".join(
-        f"-{key} {value} " for key, value in (("g", request.gpus_per_node), ("c", request.cpus_per_node)) if value
-    )
+    jsrun_resources = " ".join(f"--{key} {value}" for key, value in (("gpu_per_rs", gpus), ("cpu_per_rs", cpus)) if value)
+    # Flux gives every task all the node's GPUs unless asked to split them (its gpu-affinity shell option).
+    flux_resources = "".join(f"-{key} {value} " for key, value in (("g", gpus), ("c", cpus)) if value)
+    flux_resources += "-o gpu-affinity=per-task " if tasks and request.gpus_per_node else ""
     values = {
         "job_name": request.job_name,
         "nodes": str(request.nodes),
         "nproc": str(nproc or "one per GPU (or 1)"),
-        "tasks_per_node": str(tasks or 1),
+        "tasks_per_node": str(per),
+        "total_tasks": str(per * request.nodes),
         "layout": layout,
         "time_slurm": _hms(request.time_s),
         "time_hms": _hms(request.time_s),

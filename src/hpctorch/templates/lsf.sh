@@ -1,9 +1,8 @@
 #!/bin/bash
-# Written by hpctorch submit: one resource set per node (jsrun -r 1) runs `hpctorch run`,
-# which starts $nproc worker(s) per node.
+# Written by hpctorch submit: $layout
 #BSUB -J $job_name
 #BSUB -nnodes $nodes
 #BSUB -W $time_hm
 #BSUB -o $output
 $directives
-jsrun --nrs $nodes --rs_per_host 1 --tasks_per_rs 1 $jsrun_resources $command
+jsrun --nrs $total_tasks --rs_per_host $tasks_per_node --tasks_per_rs 1 $jsrun_resources $command
