@@ -288,7 +288,8 @@ def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) 
         rendezvous_dir=_file_store_dir(options, 1) if options.rdzv_backend == "file" else options.rendezvous_dir,
     )
     node_plans = tuple(
-        make_plan(allocation, replace(node_options, node_rank=rank), _simulated_node_facts(facts, rank, count)) for rank in range(count)
+        _served_by_node_0(make_plan(allocation, replace(node_options, node_rank=rank), _simulated_node_facts(facts, rank, count)))
+        for rank in range(count)
     )
     first = node_plans[0]
     reasons = dict(first.reasons)
@@ -299,6 +300,15 @@ def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) 
         master_port="--master-port" if options.master_port else "a port free on loopback now",
     )
     return replace(first, simulated=True, reasons=reasons, workers=tuple(w for p in node_plans for w in p.workers), node_plans=node_plans)
+
+
+def _served_by_node_0(plan: Plan) -> Plan:
+    """Under torch's c10d rendezvous simulated nodes share loopback, where torch's guess has
+    every node try to serve the store (the first wins); node 0 serves it, as on a cluster, so
+    the store outlives the other nodes and node 0 can read how each ended."""
+    if plan.rdzv_backend != "c10d" or "is_host" in plan.rdzv_conf:
+        return plan
+    return replace(plan, rdzv_conf={**plan.rdzv_conf, "is_host": "true" if plan.node_rank == 0 else "false"})
 
 
 def _simulated_node_facts(facts: HostFacts, rank: int, count: int) -> HostFacts:
