@@ -150,12 +150,17 @@ def test_preemption_signal_reaches_every_rank_and_the_job_is_requeued(cluster: C
     # Every rank checkpoints; node 0 requeues; the second run finds SLURM_RESTART_COUNT=1 and resumes.
     deadline = time.monotonic() + 300
     last_hurry = 0.0
+    pending_since: float | None = None
     shown = ""
     while len(list(markers.glob("*.resumed"))) < 4 and time.monotonic() < deadline:
-        shown = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env(), capture_output=True, text=True, timeout=10).stdout
-        if "Restarts=1" in shown and "JobState=PENDING" in shown and time.monotonic() - last_hurry > 2:
-            # Slurm holds a requeued job back for ~2 minutes and may set that delay after
-            # an earlier update, so repeat it while the job is pending.
+        shown = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env(), capture_output=True, text=True, timeout=10).stdout or shown
+        pending = "Restarts=1" in shown and "JobState=PENDING" in shown
+        pending_since = (pending_since or time.monotonic()) if pending else None
+        # Slurm holds a requeued job back for ~2 minutes and may set that delay after an earlier
+        # update, so repeat it while the job is pending; but not in the first seconds: a job
+        # started again at once finds its old credential still revoked on the nodes, and Slurm
+        # kills it ("Killing non-startable batch job: Job credential revoked").
+        if pending and time.monotonic() - pending_since > 5 and time.monotonic() - last_hurry > 2:
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env(), timeout=10, check=False)
             last_hurry = time.monotonic()
         time.sleep(0.5)
