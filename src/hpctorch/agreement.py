@@ -77,10 +77,7 @@ def _compact(text: str) -> str:
 
 @functools.lru_cache(maxsize=8)  # 14 ms for 4,096 names; simulated nodes share one list
 def _hostlist(nodes: tuple[str, ...]) -> str:
-    try:
-        return hostlist.compress(nodes)
-    except HpctorchError:  # a name a hostlist cannot hold
-        return ",".join(nodes)
+    return hostlist.display(nodes)
 
 
 @functools.lru_cache(maxsize=8)
