@@ -7,6 +7,8 @@ execs any other command. Before that it
   (per-node mode: torch's agent starts every local worker with one environment);
 - with HPCTORCH_TIMINGS set (``--timings``), notes this worker's startup stages;
 - with HPCTORCH_FILE_STORE set (``--rdzv-backend file``), points env:// at that FileStore;
+- with HPCTORCH_AGREED set (several nodes started by hpctorch), checks that the nodes agree
+  before ``init_process_group`` (``worker_agreement``);
 - with HPCTORCH_STACKS_DIR set, has Python's faulthandler write every thread's stack to
   ``DIR/<pid>.stack`` on ``STACK_SIGNAL``: ``hpctorch stacks`` then works where ptrace (py-spy)
   is not allowed. The file exists only once the handler is in place, so a process is never
@@ -131,6 +133,10 @@ def main() -> None:
         from hpctorch.worker_timings import install
 
         install()
+    if os.environ.get("HPCTORCH_AGREED"):  # several nodes started by hpctorch (supervisor)
+        from hpctorch.worker_agreement import install as agree_first
+
+        agree_first()
     if os.environ.get("HPCTORCH_FILE_STORE"):  # --rdzv-backend file
         from hpctorch.filerdzv import env_by_file
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import replace
 
 from . import fabric, master, placement, ports, workerenv
@@ -217,15 +218,19 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
             for local in range(count)
         )
         common["starter"], reasons["starter"] = _starter(options, nnodes)
+        if common["starter"] == "hpctorch" and nnodes > 1:
+            common["watch_port"] = ports.watch_port(run_id, port)
+            reasons["watch_port"] = "node 0's watchdog store, derived from the run id and master port (the workers' store is rank 0's, at the master port)"
     return Plan(iface=where_master.iface.name if where_master.iface else None, workers=workers, common_env=env, **common)  # type: ignore[arg-type]
 
 
 def _starter(options: Options, nnodes: int) -> tuple[str, str]:
     """Per node: torch's elastic agent, unless nothing needs it. It imports torch (about a
-    second) before it starts any worker; one node without restarts does not need it."""
+    second) before it starts any worker; without restarts the workers rendezvous through rank 0's
+    store (torch's env://) and hpctorch checks the nodes' agreement in the workers (``nodewatch``)."""
     needs = list(options.torch_agent_for)
-    if nnodes > 1:
-        needs.append(f"{nnodes} nodes share its store (the whole-job watchdog)")
+    if nnodes > 1 and not _is_python(options.command):
+        needs.append(f"{nnodes} nodes and a command that is not Python (hpctorch checks the nodes agree inside Python workers)")
     if options.max_restarts:
         needs.append(f"--max-restarts {options.max_restarts}")
     if options.agent:
@@ -234,7 +239,15 @@ def _starter(options: Options, nnodes: int) -> tuple[str, str]:
         needs.append(f"--rdzv-backend {options.rdzv_backend}")
     if needs:
         return "torch", "torch's elastic agent: " + ", ".join(needs)
+    if nnodes > 1:
+        return "hpctorch", ("no restarts: hpctorch starts the workers at once (torch's agent would import torch first); "
+                            "they meet at rank 0's store, after the nodes' agreement; a helper per node runs the watchdog")
     return "hpctorch", "one node, no restarts: hpctorch starts the workers itself (torch's agent would import torch first)"
+
+
+def _is_python(command: tuple[str, ...]) -> bool:
+    """A Python script or module started through ``_worker.py`` (``launch.worker_command``)."""
+    return len(command) > 2 and command[1] == "-u" and command[0] == sys.executable
 
 
 def _rdzv_conf(options: Options, facts: HostFacts, backend: str, master: str | None, nnodes: int) -> dict[str, str]:
@@ -288,7 +301,7 @@ def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) 
         rendezvous_dir=_file_store_dir(options, 1) if options.rdzv_backend == "file" else options.rendezvous_dir,
     )
     node_plans = tuple(
-        _served_by_node_0(make_plan(allocation, replace(node_options, node_rank=rank), _simulated_node_facts(facts, rank, count)))
+        _torch_agent(_served_by_node_0(make_plan(allocation, replace(node_options, node_rank=rank), _simulated_node_facts(facts, rank, count))))
         for rank in range(count)
     )
     first = node_plans[0]
@@ -300,6 +313,11 @@ def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) 
         master_port="--master-port" if options.master_port else "a port free on loopback now",
     )
     return replace(first, simulated=True, reasons=reasons, workers=tuple(w for p in node_plans for w in p.workers), node_plans=node_plans)
+
+
+def _torch_agent(plan: Plan) -> Plan:
+    """Simulated nodes are torch's agents, one per node, in this one process (``simulated``)."""
+    return replace(plan, starter="torch", watch_port=0, reasons={**plan.reasons, "starter": "simulated nodes: one torch agent per node in this process"})
 
 
 def _served_by_node_0(plan: Plan) -> Plan:

@@ -125,8 +125,11 @@ class Plan:
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     starter: str = "torch"
     """Per-node mode: who starts this node's workers: ``torch`` (its elastic agent) or
-    ``hpctorch`` (``supervisor``: one node, nothing only torch's agent does; no torch import
+    ``hpctorch`` (``supervisor``: nothing only torch's agent does is asked; no torch import
     before the workers start)."""
+    watch_port: int = 0
+    """hpctorch's starter on several nodes: the port of node 0's watchdog store (``nodewatch``),
+    apart from the workers' own store at the master port (rank 0's, torch's env://)."""
 
     @property
     def watched(self) -> bool:

@@ -45,6 +45,13 @@ def master_port(allocation: Allocation, options: Options, facts: HostFacts, nnod
     )
 
 
+def watch_port(run_id: str, master_port: int) -> int:
+    """Node 0's watchdog store when hpctorch starts the workers on several nodes: derived
+    like a master port (every node finds it without talking), never the master port itself."""
+    port = network.derive_port(f"{run_id}/watch/{master_port}")
+    return port if port != master_port else network.PORT_BASE + (port - network.PORT_BASE + 1) % network.PORT_SPAN
+
+
 def job_key(allocation: Allocation, options: Options) -> str | None:
     """What names this job on every node alike: --run-id, else the launcher's job and step."""
     if options.run_id:

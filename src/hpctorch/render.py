@@ -59,6 +59,7 @@ def table(plan: Plan, explain: bool = False) -> str:
         ("processes", f"{per_node} per node, world size {world}", "nproc_per_node"),
         ("master", _master(plan), "master_addr"),
         ("port", port, "master_port"),
+        *([("watchdog port", str(plan.watch_port), "watch_port")] if plan.watch_port else []),
         ("interface", plan.iface or "(left to torch)", "iface"),
         ("rendezvous", f"{plan.rdzv_backend}, timeout {plan.rdzv_timeout} s", "rdzv_backend"),
         ("gpus", _per_worker(plan, "HPCTORCH_DEVICES"), "devices"),

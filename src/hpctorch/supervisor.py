@@ -1,8 +1,10 @@
 """One node's workers started by hpctorch itself (``Plan.starter == "hpctorch"``).
 
 torch's elastic agent imports torch (about a second of CPU) before it starts any worker, and
-on one node without restarts it adds nothing the workers need: they rendezvous through
-torch's own env:// store (rank 0's TCPStore at MASTER_ADDR:MASTER_PORT), as under torchrun.
+without restarts it adds nothing the workers need: they rendezvous through torch's own env://
+store (rank 0's TCPStore at MASTER_ADDR:MASTER_PORT). On several nodes local rank 0 of each
+node first checks that the nodes agree (``worker_agreement``; the others wait for it before
+``init_process_group``), and a helper per node runs the whole-job watchdog (``nodewatch``).
 This keeps everything else: torchrun's environment contract, each worker through
 ``_worker.py`` (CPU and device lists, the faulthandler fallback), ``[rank R]:`` prefixed
 output with a copy per rank in the log directory (torch's layout), the first failure named
@@ -24,10 +26,12 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
+from .errors import HpctorchError
 from .initialize import PREEMPT_SIGNALS
 from .launch import (STOP_GRACE_S, WorkersFailed, _host, _process_start, _requeue_if_preempted, _stacks_env, line_prefix,
                      signal_groups, worker_command)
 from .plan import Plan
+from .worker_agreement import read as read_agreement
 from .workerenv import torch_contract
 
 POLL_S = 0.05
@@ -43,6 +47,30 @@ def _reserve(address: str, port: int) -> tuple[socket.socket | None, int]:
     held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     held.bind((address, 0))
     return held, held.getsockname()[1]
+
+
+def _hold_watch_port(plan: Plan) -> socket.socket:
+    """Node 0: the watchdog's port, held (as ``_reserve``) until its helper serves it."""
+    held = socket.socket(socket.AF_INET6 if ":" in (plan.master_addr or "") else socket.AF_INET)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        held.bind((plan.master_addr or "", plan.watch_port))
+    except OSError:
+        held.close()
+        raise HpctorchError(f"the watchdog's port {plan.watch_port} ({plan.reasons.get('watch_port', 'derived')}) is already in use on this node",
+                            "pass another --master-port or --run-id (the port is derived from both)") from None
+    return held
+
+
+def _agreement_files(plan: Plan, root: str) -> tuple[str, str]:
+    """The node's plan, for local rank 0's agreement check and the helper, and the outcome's file."""
+    from .nodewatch import paths
+
+    plan_file, result = paths(root)
+    os.makedirs(root, exist_ok=True)
+    with open(plan_file, "w", encoding="utf-8") as out:
+        out.write(plan.to_json())
+    return plan_file, result
 
 
 def _worker_env(plan: Plan, local: int, port: int, error_file: str) -> dict[str, str]:
@@ -99,15 +127,19 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     os.environ.update(plan.common_env)
     _stacks_env(os.environ)  # type: ignore[arg-type]
     held, port = _reserve(plan.master_addr or "127.0.0.1", plan.master_port)
+    several = plan.nnodes > 1
+    watch_held = _hold_watch_port(plan) if several and plan.is_master else None
     from . import timings
 
     timings.mark("workers started")
     os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
     root = os.path.join(log_dir or tempfile.mkdtemp(prefix="hpctorch_"), plan.run_id, "attempt_0")
     shown = console_ranks if console_ranks is not None else ({w.rank for w in plan.workers if w.local_rank in local_ranks} if local_ranks else None)
+    files = _agreement_files(plan, root) if several else None
     output = _Output(root, line_prefix(plan) if prefix else "", shown)
     has_lists = any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS"))
     workers: list[subprocess.Popen] = []
+    helper = None
     received: list[int] = []
     preempted: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -118,28 +150,37 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
             command = [part.replace("${local_rank}", str(local)) for part in worker_command(plan.command, has_lists)]
             error_file = os.path.join(root, str(local), "error.json")
             os.makedirs(os.path.dirname(error_file), exist_ok=True)
-            process = subprocess.Popen(command, env=_worker_env(plan, local, port, error_file), stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, start_new_session=True)
+            env = _worker_env(plan, local, port, error_file)
+            if files is not None:
+                from .worker_agreement import AGREEMENT_ENV, RESULT_ENV, WAIT_ENV
+
+                env.update({RESULT_ENV: files[1], WAIT_ENV: str(plan.rdzv_timeout + 60), **({AGREEMENT_ENV: files[0]} if local == 0 else {})})
+            process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
             workers.append(process)
             output.follow(worker.rank, local, process.stdout, sys.stdout, "stdout.log")  # type: ignore[arg-type]
             output.follow(worker.rank, local, process.stderr, sys.stderr, "stderr.log")  # type: ignore[arg-type]
-        failure = _wait(plan, workers, received, root)
+        if several:
+            from .nodewatch import Helper
+
+            helper = Helper(root, time.time() - started)
+        failure, final = _wait(plan, workers, received, root, helper, files[1] if files else "")
     except OSError as exc:
         _stop(workers)
-        from .errors import HpctorchError
-
+        if helper is not None:
+            helper.end("quit")
         raise HpctorchError(f"cannot start {plan.command[0]!r}: {exc.strerror}", "check the command and PATH") from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if held is not None:
-            held.close()
+        for socket_held in (held, watch_held):
+            if socket_held is not None:
+                socket_held.close()
     output.drain()
     _requeue_if_preempted(plan, preempted, requeue)
-    if not quiet or summary_json:
+    if plan.is_master and (not quiet or summary_json):
         from .summary import Summary
 
-        summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, {}, os.path.dirname(root),
+        summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, final, os.path.dirname(root),
                              failure.line if failure else None)
         if not quiet:
             print(summary.line(), file=sys.stderr, flush=True)
@@ -149,38 +190,52 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         raise failure
 
 
-def _wait(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int], root: str) -> WorkersFailed | None:
-    """Until all exit 0, or the first failure or signal: then the survivors' stacks, and stop them."""
+def _wait(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int], root: str, helper, result: str,  # type: ignore[no-untyped-def]
+          ) -> tuple[WorkersFailed | None, dict]:
+    """Until all exit 0, or the first failure, signal or (several nodes) abort from another node:
+    then the survivors' stacks, and stop them. Returns the failure and node 0's view of every node."""
     while True:
         codes = [w.poll() for w in workers]
         failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
-        if received or failed is not None:
+        aborted = helper.poll() if helper is not None else None
+        if received or failed is not None or aborted:
             break
         if all(code == 0 for code in codes):
-            return None
+            return None, (helper.end("finished").get("final", {}) if helper is not None else {})
         time.sleep(POLL_S)
-    _print_survivors(plan)
+    from .jobstacks import NodeStacks
+
+    stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
+    stacks.take_at_teardown(None)  # sent to node 0 by the helper
     _stop(workers)
+    disagreed = read_agreement(result) if helper is not None and failed is not None else None
+    if disagreed is not None:
+        helper.end("quit")
+        raise HpctorchError(disagreed["cause"], disagreed["fix"])
+    failure = _failure(plan, workers, received, root, failed, aborted)
+    ended = helper.end("aborted" if aborted else "failed", failure.line, stacks.teardown) if helper is not None else {}
+    lines = ended.get("teardown") or stacks.teardown_summary()
+    if lines and plan.is_master:
+        print("\n".join(lines), file=sys.stderr, flush=True)
+    return failure, ended.get("final", {})
+
+
+def _failure(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int], root: str, failed: int | None,
+             aborted: str | None) -> WorkersFailed:
+    if aborted:
+        return WorkersFailed(f"stopped: {aborted}", exit_code=1)
     if received:
         name = signal.Signals(received[0]).name
-        return WorkersFailed(f"stopped by {name}", exit_code=128 + received[0])
+        return WorkersFailed(f"node {plan.node_rank} was stopped by {name}" if plan.nnodes > 1 else f"stopped by {name}",
+                             exit_code=128 + received[0])
     assert failed is not None
     code = workers[failed].returncode
     worker = plan.workers[failed]
     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
     error_file = os.path.join(root, str(worker.local_rank), "error.json")
     where = error_file if os.path.exists(error_file) else "its output above"
-    return WorkersFailed(f"rank {worker.rank} (local rank {worker.local_rank}) {how}; details: {where}", exit_code=128 - code if code < 0 else 1)
-
-
-def _print_survivors(plan: Plan) -> None:
-    from .jobstacks import NodeStacks
-
-    stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
-    stacks.take_at_teardown(None)  # one node: nothing to send
-    lines = stacks.teardown_summary()
-    if lines:
-        print("\n".join(lines), file=sys.stderr, flush=True)
+    node = f" on node {plan.node_rank}" + (f" ({plan.nodes[plan.node_rank]})" if plan.nodes else "") if plan.nnodes > 1 else ""
+    return WorkersFailed(f"rank {worker.rank}{node} (local rank {worker.local_rank}) {how}; details: {where}", exit_code=128 - code if code < 0 else 1)
 
 
 def _stop(workers: Sequence[subprocess.Popen]) -> None:

@@ -50,6 +50,10 @@ DONE = b"done"
 FINISHED, ABORTED = 1, 2
 """Values of the ``state`` counter: node 0 adds 1 when its workers succeeded, a node that
 aborts adds 2 (so any value from 2 up means aborted, whatever else happened)."""
+NEVER_BEAT_S = 60.0
+"""Where the workers start before the watchdog (``nodewatch``): how long after every node's
+workers were known to run (their agreement) a node may take to send its first heartbeat (its
+helper imports torch then: slow from a loaded shared file system)."""
 COLLECT_S = 3.0
 """How long node 0 waits for the other nodes' part of a stack dump."""
 
@@ -66,10 +70,17 @@ class StallWatch:
 
 class JobWatchdog:
     def __init__(self, plan: Plan, connect_timeout_s: float, on_abort: Callable[[str], None] | None = None,
-                 startup_s: float | None = None, stacks=None, stall: StallWatch | None = None) -> None:  # type: ignore[no-untyped-def]
+                 startup_s: float | None = None, stacks=None, stall: StallWatch | None = None,  # type: ignore[no-untyped-def]
+                 endpoint: tuple[str, int] | None = None, all_up: Callable[[], float | None] | None = None) -> None:
         """``on_abort(reason)`` stops this node's workers; by default SIGTERM to this
-        process, which the torch agent turns into stopping its workers."""
+        process, which the torch agent turns into stopping its workers. ``endpoint``: the
+        store watched, when not the master's (``nodewatch``). ``all_up()``: when (monotonic) every
+        node was known to be running, if it was, from which a node never heard from is named."""
+        self.all_up = all_up
         self.plan = plan
+        self.endpoint = endpoint or (plan.master_addr or "", plan.master_port)
+        self.connected = threading.Event()
+        """Set once this node reached the store (and stays set)."""
         self.on_abort = on_abort or (lambda _reason: os.kill(os.getpid(), signal.SIGTERM))
         self.prefix = f"hpctorch/{plan.run_id}/"
         self.connect_timeout_s = connect_timeout_s
@@ -191,7 +202,7 @@ class JobWatchdog:
         deadline = time.monotonic() + self.connect_timeout_s
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
-                return TCPStore(self.plan.master_addr, self.plan.master_port, is_master=False,
+                return TCPStore(self.endpoint[0], self.endpoint[1], is_master=False,
                                 timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
             except Exception:  # noqa: BLE001 - not up yet; the rendezvous reports a real failure
                 time.sleep(POLL_S)
@@ -211,12 +222,13 @@ class JobWatchdog:
         if store is None:
             return
         self._store = store
+        self.connected.set()
         if self.startup_s is not None:
             try:
                 store.set(f"{self.prefix}start/{self.plan.node_rank}", f"{self.startup_s:.3f}")  # once per node
             except Exception:  # noqa: BLE001 - only the closing summary misses it
                 pass
-        judge = Judge(self.plan, self.stall) if self.plan.is_master else None
+        judge = Judge(self.plan, self.stall, self.all_up) if self.plan.is_master else None
         if self.stall is not None:
             try:
                 store.add(f"{self.prefix}out/{self.plan.node_rank}", 0)  # exists before this node's first beat
@@ -254,7 +266,7 @@ class JobWatchdog:
                 if self._stop.is_set() or master_finished:
                     return  # node 0's workers all succeeded and its agent left: ours finish too
                 if now - last_ok > UNREACHABLE_AFTER_S:
-                    self._abort(store, f"the master's store at {self.plan.master_addr}:{self.plan.master_port} is gone (node 0 failed?)")
+                    self._abort(store, f"the master's store at {self.endpoint[0]}:{self.endpoint[1]} is gone (node 0 failed?)")
                     return
 
     def _watch_output(self, store) -> None:  # type: ignore[no-untyped-def]
@@ -285,8 +297,9 @@ class JobWatchdog:
 class Judge:
     """Node 0's view of every node's counters: who went silent, and whether all went quiet."""
 
-    def __init__(self, plan: Plan, stall: StallWatch | None = None) -> None:
+    def __init__(self, plan: Plan, stall: StallWatch | None = None, all_up: Callable[[], float | None] | None = None) -> None:
         self.plan = plan
+        self.all_up = all_up
         self.stall = stall
         self.all_started = False
         self.last_seen: dict[int, tuple[bytes, float]] = {}
@@ -313,8 +326,16 @@ class Judge:
 
     def verdict(self, store, beats: list[str], now: float) -> str | None:  # type: ignore[no-untyped-def]
         if not self.all_started:
-            # One request until every node has beaten once: the rendezvous timeout covers a late start.
+            # One request until every node has beaten once: the rendezvous timeout covers a late
+            # start, or, where the workers started first (nodewatch), NEVER_BEAT_S after all were up.
             self.all_started = store.check(beats)
+            up = self.all_up() if self.all_up is not None and not self.all_started else None
+            if up is not None and now - up > NEVER_BEAT_S:
+                missing = [n for n, key in enumerate(beats) if not store.check([key])]  # once, at the verdict
+                if missing:
+                    host = self.plan.nodes[missing[0]] if self.plan.nodes else f"node {missing[0]}"
+                    return (f"node {missing[0]} ({host}) never reached the watchdog's store: no heartbeat {NEVER_BEAT_S:.0f} s "
+                            f"after every node's workers started" + (f" ({len(missing)} node(s) in all)" if len(missing) > 1 else ""))
             return None
         for node, value in enumerate(store.multi_get(beats)):
             if value == DONE:

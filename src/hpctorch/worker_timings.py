@@ -1,7 +1,7 @@
 """A worker's side of ``--timings`` (started by ``_worker.py`` when HPCTORCH_TIMINGS is set):
 when Python was up, when ``init_process_group`` was called and returned, when the first
 collective called from Python returned (DDP's own run in C++ and are not seen). torch is not
-imported here: ``torch.distributed.distributed_c10d`` is wrapped as it loads. Each rank then
+imported here: ``torch.distributed.distributed_c10d`` is wrapped as it loads (``c10dhook``). Each rank then
 sends one record through the job's store; rank 0 collects them (bounded) and prints the table.
 """
 
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
@@ -23,6 +21,12 @@ COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_i
                "all_to_all_single", "reduce", "gather", "scatter", "all_gather_object", "broadcast_object_list")
 WAIT_S = 10.0
 _state: dict = {}
+
+
+def mark(stage: str) -> None:
+    """Note a stage of this worker's startup (nothing without ``--timings``)."""
+    if "marks" in _state:
+        _mark(stage)
 
 
 def _mark(stage: str) -> None:
@@ -93,30 +97,14 @@ def _report(module) -> None:  # type: ignore[no-untyped-def]
         _state["done"].set()
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
-        if name != "torch.distributed.distributed_c10d":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        execute = spec.loader.exec_module
-
-        def exec_module(module):  # type: ignore[no-untyped-def]
-            execute(module)
-            _wrap(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 def install() -> None:
     info = json.loads(os.environ[ENV])
     _state.update(t0=info["t0"], info={"node": info["node"], "host": info["host"]}, marks=[*map(tuple, info["marks"])],
                   collective=threading.Event(), done=threading.Event())
     _mark("worker: Python up")
-    sys.meta_path.insert(0, _Finder())
+    from .c10dhook import after_load
+
+    after_load(_wrap)
     atexit.register(_flush)
 
 

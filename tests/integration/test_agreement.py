@@ -16,11 +16,13 @@ SCRIPT = str(ROOT / "tests" / "fixtures" / "report.py")
 
 
 def _two_nodes(node_args: list[list[str]]) -> list[subprocess.CompletedProcess]:
+    # --init: where hpctorch starts the workers itself the check runs as they call
+    # init_process_group (before any collective), not before they start.
     # A rendezvous timeout far above the hang guard: a node that only failed at the
     # rendezvous would hang the test, not pass it; the message says the agreement caught it.
     common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--rdzv-timeout", "600"]
     processes = [
-        subprocess.Popen([sys.executable, "-m", "hpctorch", "run", *common, "--node-rank", str(rank), *args, SCRIPT],
+        subprocess.Popen([sys.executable, "-m", "hpctorch", "run", *common, "--node-rank", str(rank), *args, SCRIPT, "--init"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
         for rank, args in enumerate(node_args)
     ]

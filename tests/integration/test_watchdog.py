@@ -78,3 +78,32 @@ def test_requests_per_node_do_not_grow_with_the_node_count() -> None:
     # Each node: at most three requests per interval, whatever N (node 0: two and one multi_get).
     assert rates[12] <= rates[2] + 3, rates
     assert rates[12] <= 3 * (3.0 / watchdog.POLL_S + 1), rates
+
+
+def test_a_node_that_never_beat_is_named_once_all_were_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the workers start before the watchdog (hpctorch's own starter), node 0 names a node
+    # whose watchdog never arrived NEVER_BEAT_S after every node's workers were known to run.
+    monkeypatch.setattr(watchdog, "NEVER_BEAT_S", 1.0)
+    port = free_port()
+    server = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
+                                        wait_for_workers=False, multi_tenant=True)
+    acted: dict[int, str] = {}
+    up = time.monotonic()
+    dogs = [watchdog.JobWatchdog(plan(n, 3, port), 30, on_abort=lambda reason, n=n: acted.setdefault(n, reason),
+                                 all_up=lambda: up).start() for n in (0, 1)]  # node 2 never comes
+    wait_for(lambda: len(acted) == 2)
+    assert acted[0] == acted[1] == "node 2 (n2) never reached the watchdog's store: no heartbeat 1 s after every node's workers started"
+    for dog in dogs:
+        dog.close()
+    assert server.check(["hpctorch/wd/abort"])
+
+
+def test_without_all_up_a_late_node_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchdog, "NEVER_BEAT_S", 0.5)
+    server, dogs, acted = start(2)
+    dogs[1].close()  # never beats again; node 0 does not know when all were up: no verdict on a start
+    time.sleep(2.0)
+    assert acted == {}
+    for dog in dogs:
+        dog.close()
+    del server

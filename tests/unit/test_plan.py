@@ -211,3 +211,32 @@ def test_windows_gets_a_tcpstore_without_libuv_unless_the_user_chose() -> None:
     assert "USE_LIBUV" not in make_plan(local(), Options(command=PY), facts()).common_env
     kept = make_plan(local(), Options(command=PY), facts(platform="win32", env={"USE_LIBUV": "1"}))
     assert "USE_LIBUV" not in kept.common_env  # the user's own variable reaches the workers as it is
+
+
+def test_several_nodes_are_started_by_hpctorch_unless_torchs_agent_is_needed() -> None:
+    import sys
+
+    python = (sys.executable, "-u", "train.py")
+
+    def plan(node: int, **extra: object) -> Plan:
+        options = Options(nnodes=2, node_rank=node, nproc_per_node=2, master_addr="198.18.0.1", master_port=29400, **extra)  # type: ignore[arg-type]
+        return make_plan(local(), options, facts())
+
+    nodes = [plan(n, command=python) for n in (0, 1)]
+    assert [p.starter for p in nodes] == ["hpctorch", "hpctorch"]
+    # The watchdog's store: the same port on every node, never the workers' (the master port).
+    assert nodes[0].watch_port == nodes[1].watch_port and nodes[0].watch_port not in (0, 29400)
+    assert "watchdog" in nodes[0].reasons["starter"]
+    restarted = plan(0, command=python, max_restarts=1)
+    assert (restarted.starter, restarted.watch_port) == ("torch", 0) and "--max-restarts 1" in restarted.reasons["starter"]
+    # The agreement runs inside Python workers: another command keeps torch's agent.
+    other = plan(0, command=("./train.sh",))
+    assert other.starter == "torch" and "not Python" in other.reasons["starter"]
+
+
+def test_the_watchdog_port_differs_by_run_and_master_port() -> None:
+    from hpctorch import ports
+
+    assert ports.watch_port("slurm-42", 29400) == ports.watch_port("slurm-42", 29400)
+    assert len({ports.watch_port("slurm-42", p) for p in range(29400, 29420)}) > 15
+    assert all(ports.watch_port(f"job-{n}", 29400) != 29400 for n in range(2000))

@@ -1,0 +1,216 @@
+"""The whole-job watchdog when hpctorch starts the workers on several nodes (``supervisor``).
+
+The supervisor imports no torch, so the watchdog (``JobWatchdog``, the same as under torch's
+agent) runs in a helper process per node, ``python -m hpctorch.nodewatch ROOT STARTUP_S``. It
+imports torch only once the workers have (their agreement is done: ``worker_agreement``), after
+``START_AFTER_S`` at the latest, or at once when the supervisor reports an end: the workers'
+imports, on the critical path, get the CPU first. Node 0's helper serves the watchdog's store at
+``Plan.watch_port``, a store apart from the workers' (rank 0's, which ends with rank 0): the
+watchdog outlives any worker, as it does in torch's agent.
+
+Messages are JSON lines. Supervisor to helper: ``{"stacks": [groups, dump]}`` (the survivors'
+stacks, taken by the supervisor before it stopped them), then one ``{"end": "failed", "line":
+...}``, ``"finished"``, ``"aborted"`` (after the helper's own abort) or ``"quit"``. Helper to
+supervisor: ``{"connected": true}``, ``{"abort": reason}`` (another node failed: stop the
+workers), and last ``{"final": ..., "teardown": [...]}`` (node 0: every node's state and stacks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import IO
+
+PLAN_FILE = "plan.json"
+RESULT_FILE = "agreed"
+START_AFTER_S = 5.0
+CONNECT_WAIT_S = 30.0
+"""How long a node that failed waits for its helper to reach node 0's store to say so."""
+POLL_S = 0.05
+
+
+def paths(root: str) -> tuple[str, str]:
+    """The node's plan (for local rank 0's agreement and the helper) and the agreement's outcome."""
+    return os.path.join(root, PLAN_FILE), os.path.join(root, RESULT_FILE)
+
+
+class Helper:
+    """The supervisor's side: starts the helper and talks to it."""
+
+    def __init__(self, root: str, startup_s: float) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "hpctorch.nodewatch", root, f"{startup_s:.3f}"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self.inbox: queue.Queue[dict | None] = queue.Queue()
+        self.connected = False
+        self.abort: str | None = None
+        self.final: dict = {}
+        threading.Thread(target=_read, args=(self.process.stdout, self.inbox), daemon=True).start()
+
+    def poll(self) -> str | None:
+        """The abort reason, once the helper said another node failed."""
+        while self.abort is None:
+            try:
+                message = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            self._take(message)
+        return self.abort
+
+    def _take(self, message: dict | None) -> None:
+        if message is None:
+            return
+        self.connected = self.connected or bool(message.get("connected"))
+        self.abort = self.abort or message.get("abort")
+        if "final" in message:  # JSON keys are strings; node numbers are not
+            self.final = {"final": {kind: {int(n): v for n, v in values.items()} for kind, values in message["final"].items()},
+                          "teardown": message.get("teardown") or []}
+
+    def end(self, how: str, line: str = "", stacks: tuple[list[dict], str | None] | None = None, wait_s: float = 15.0) -> dict:
+        """Say how this node ended; the helper's closing message (empty if none came). A helper
+        that never reached the store has nothing to say and is not waited for."""
+        self.poll()
+        if not self.connected and how in ("finished", "quit"):
+            self.process.kill()  # perhaps still importing torch: nothing to say, nobody to tell
+            self._stop()
+            return {}
+        try:
+            if stacks is not None:
+                self._send({"stacks": list(stacks)})
+            self._send({"end": how, "line": line})
+        except OSError:  # the helper is gone
+            return {}
+        deadline = time.monotonic() + wait_s + (CONNECT_WAIT_S if not self.connected else 0)
+        while not self.final and time.monotonic() < deadline:
+            try:
+                message = self.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if message is None:
+                break
+            self._take(message)
+        self._stop()
+        return self.final
+
+    def _send(self, message: dict) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps(message) + "\n").encode())
+        self.process.stdin.flush()
+
+    def _stop(self) -> None:
+        try:
+            self.process.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _read(stream: IO[bytes], inbox: queue.Queue) -> None:
+    for raw in iter(stream.readline, b""):
+        try:
+            inbox.put(json.loads(raw))
+        except ValueError:
+            continue
+    inbox.put(None)
+
+
+_sending = threading.Lock()
+
+
+def _send(**message: object) -> None:
+    with _sending:  # the watchdog's thread and the main one
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+
+def _until_needed(result: str, inbox: queue.Queue) -> dict | None:
+    """Wait (without torch) until the workers have imported theirs, or the supervisor speaks."""
+    deadline = time.monotonic() + START_AFTER_S
+    while time.monotonic() < deadline and not os.path.exists(result):
+        try:
+            return inbox.get(timeout=POLL_S) or {"end": "quit"}
+        except queue.Empty:
+            continue
+    return None
+
+
+def _seen(path: str) -> Callable[[], float | None]:
+    """When (monotonic) ``path`` was first seen to exist: node 0's agreement, every node up."""
+    seen: list[float] = []
+
+    def when() -> float | None:
+        if not seen and os.path.exists(path):
+            seen.append(time.monotonic())
+        return seen[0] if seen else None
+
+    return when
+
+
+def _serve(plan):  # type: ignore[no-untyped-def]
+    """Node 0: the watchdog's store, for as long as this helper lives."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    return TCPStore(plan.master_addr, plan.watch_port, None, True, datetime.timedelta(seconds=plan.rdzv_timeout),
+                    wait_for_workers=False, multi_tenant=True)
+
+
+def main(argv: Sequence[str]) -> int:
+    from .jobstacks import NodeStacks, publish
+    from .plan import Plan
+
+    root, startup_s = argv[0], float(argv[1])
+    with open(paths(root)[0], encoding="utf-8") as source:
+        plan = Plan.from_dict(json.load(source))
+    inbox: queue.Queue[dict | None] = queue.Queue()
+    threading.Thread(target=_read, args=(sys.stdin.buffer, inbox), daemon=True).start()
+    message = _until_needed(paths(root)[1], inbox)
+    if message is not None and message.get("end") in ("finished", "quit"):
+        return 0  # over before there was anything to watch
+    from .watchdog import JobWatchdog
+
+    try:
+        served = _serve(plan) if plan.is_master else None  # noqa: F841 - serves while referenced
+    except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
+        print(f"hpctorch: cannot serve the watchdog's store on port {plan.watch_port}: {str(exc).splitlines()[0]}; "
+              "the job runs without it", file=sys.stderr, flush=True)
+        return 1
+    stacks = NodeStacks(plan)
+    watchdog = JobWatchdog(plan, plan.rdzv_timeout, on_abort=lambda reason: _send(abort=reason), startup_s=startup_s,
+                           stacks=stacks, endpoint=(plan.master_addr or "", plan.watch_port), all_up=_seen(paths(root)[1]))
+    watchdog.start()
+    threading.Thread(target=lambda: watchdog.connected.wait() and _send(connected=True), daemon=True).start()
+    while message is None or "end" not in message:
+        if message is not None and "stacks" in message:
+            stacks.teardown = (message["stacks"][0], message["stacks"][1])
+        message = inbox.get() or {"end": "quit"}  # None: the supervisor is gone
+    how = message["end"]
+    if how in ("failed", "aborted"):
+        watchdog.connected.wait(CONNECT_WAIT_S)
+        if stacks.teardown is not None and not plan.is_master and watchdog.store is not None:
+            try:
+                publish(watchdog.store, stacks.prefix + "teardown/", [plan.node_rank], stacks.teardown[0])
+            except Exception:  # noqa: BLE001 - node 0 says it had no answer from this node
+                pass
+    if how == "failed":
+        watchdog.report_failure(message["line"])
+    elif how == "finished":
+        watchdog.finished()
+    else:
+        watchdog.close()
+    _send(final=watchdog.final, teardown=watchdog.teardown_lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,70 @@
+"""hpctorch's own starter on several nodes (no torch agent): two nodes on loopback, each an
+``hpctorch run --nnodes 2 --node-rank N``; the workers meet at rank 0's store after the nodes'
+agreement, and the helpers' watchdog ends the whole job when one node's rank fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpctorch.network import free_port
+
+from ..conftest import ROOT, clean_env
+
+pytest.importorskip("torch")
+SCRIPT = str(ROOT / "tests" / "fixtures" / "report.py")
+
+
+def _nodes(*script_args: str, timeout: float = 120) -> list[subprocess.CompletedProcess]:
+    port = str(free_port())
+    processes = [subprocess.Popen([sys.executable, "-m", "hpctorch", "run", "--nnodes", "2", "--node-rank", str(rank),
+                                   "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "2",
+                                   SCRIPT, "--init", "--brief", *script_args],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+                 for rank in (0, 1)]
+    results = []
+    try:
+        for process in processes:
+            out, err = process.communicate(timeout=timeout)  # a hang guard
+            results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    finally:
+        for process in processes:
+            process.kill()
+    return results
+
+
+def test_plan_says_hpctorch_starts_the_workers_on_several_nodes() -> None:
+    shown = subprocess.run([sys.executable, "-m", "hpctorch", "plan", "--json", "--nnodes", "2", "--node-rank", "1",
+                            "--master-addr", "127.0.0.1", "--master-port", "29400", "--nproc-per-node", "2", SCRIPT],
+                           capture_output=True, text=True, env=clean_env(), timeout=60)
+    plan = json.loads(shown.stdout)
+    assert plan["starter"] == "hpctorch", plan["reasons"]["starter"]
+    assert plan["watch_port"] not in (0, 29400)
+
+
+def test_two_nodes_train_without_torchs_agent() -> None:
+    results = _nodes()
+    assert [r.returncode for r in results] == [0, 0], results[0].stderr + results[1].stderr
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for r in results for line in r.stdout.splitlines() if "REPORT " in line]
+    assert sorted(int(r["env"]["RANK"]) for r in reports) == [0, 1, 2, 3]
+    assert {r["env"]["MASTER_PORT"] for r in reports} == {results[0].args[results[0].args.index("--master-port") + 1]}
+    assert all(r["rank_sum"] == 6 for r in reports), reports  # every rank's all_reduce of the ranks
+    assert all(r["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "False" for r in reports)  # rank 0's store, torch's env://
+    assert "hpctorch: finished in" in results[0].stderr
+
+
+@pytest.mark.parametrize("failing", ["1", "3"])
+def test_a_rank_failing_on_one_node_ends_the_other(failing: str) -> None:
+    # Rank 1 (node 0, whose helper serves the watchdog's store) or rank 3 (node 1) exits at once,
+    # while the others wait in the agreement or in init_process_group: that node's helper says so
+    # and the other node's stops its workers; both name the rank.
+    results = _nodes("--fail-rank", failing, "--sleep", "120")
+    assert all(r.returncode != 0 for r in results), results[0].stderr + results[1].stderr
+    node = 0 if failing == "1" else 1
+    cause = f"rank {failing} on node {node}"
+    for result in results:
+        assert cause in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
