@@ -180,7 +180,7 @@ def main(argv: Sequence[str]) -> int:
     from .watchdog import JobWatchdog
 
     try:
-        served = _serve(plan) if plan.is_master else None  # noqa: F841 - serves while referenced
+        served = _serve(plan) if plan.is_master else None  # serves while referenced
     except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
         print(f"hpctorch: cannot serve the watchdog's store on port {plan.watch_port}: {str(exc).splitlines()[0]}; "
               "the job runs without it", file=sys.stderr, flush=True)
@@ -209,6 +209,7 @@ def main(argv: Sequence[str]) -> int:
     else:
         watchdog.close()
     _send(final=watchdog.final, teardown=watchdog.teardown_lines)
+    del served  # node 0: the store goes once every node has read how the job ended (the watchdog lingered)
     return 0
 
 

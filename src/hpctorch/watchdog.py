@@ -199,8 +199,13 @@ class JobWatchdog:
     def _connect(self):  # type: ignore[no-untyped-def]
         from torch.distributed import TCPStore
 
+        from .network import connect
+
         deadline = time.monotonic() + self.connect_timeout_s
         while not self._stop.is_set() and time.monotonic() < deadline:
+            if not connect(self.endpoint[0], self.endpoint[1], STORE_TIMEOUT_S)["ok"]:
+                time.sleep(POLL_S)  # a plain connect first: torch's client logs a C++ trace for every refusal
+                continue
             try:
                 return TCPStore(self.endpoint[0], self.endpoint[1], is_master=False,
                                 timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)

@@ -4,6 +4,8 @@ both ABIs: hpctorch asks it for the launcher's family."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ..conftest import require
@@ -26,7 +28,9 @@ def test_mpirun_one_rank_per_node_is_per_node_mode(cluster: Cluster) -> None:
     done = subprocess_run(cluster, argv)
     assert_trained_across_nodes(done.stdout)
     assert any(line.split()[:2] == ["mode", "per-node"] for line in done.stderr.splitlines()), done.stderr[-2000:]  # the banner
-    assert {r["agent"] for r in toy_ranks(done.stdout)} == {"torch"}
+    # hpctorch starts each node's workers itself (no torch agent), prefixing their output.
+    assert {r["agent"] for r in toy_ranks(done.stdout)} == {"none"}
+    assert re.search(r"^\[\S+ rank 0\]: ", done.stdout, re.M), done.stdout[-2000:]
 
 
 def test_mpirun_every_rank_is_per_task_mode(cluster: Cluster) -> None:
@@ -47,7 +51,9 @@ def test_init_under_mpirun_without_a_launcher(cluster: Cluster) -> None:
 def test_hydra_one_rank_per_node_is_per_node_mode(cluster: Cluster) -> None:
     done = subprocess_run(cluster, cluster.hydra(1, [PYTHON, "-m", "hpctorch", "run", "--nproc-per-node", "2", TOY, "--steps", "6"]))
     assert_trained_across_nodes(done.stdout)
-    assert {r["agent"] for r in toy_ranks(done.stdout)} == {"torch"}
+    # hpctorch starts each node's workers itself (no torch agent), prefixing their output.
+    assert {r["agent"] for r in toy_ranks(done.stdout)} == {"none"}
+    assert re.search(r"^\[\S+ rank 0\]: ", done.stdout, re.M), done.stdout[-2000:]
 
 
 def test_hydra_every_rank_is_per_task_mode(cluster: Cluster) -> None:

@@ -44,7 +44,9 @@ def test_batch_script_with_one_cpu_per_node_starts_one_hpctorch_per_node(cluster
     assert "re-running under 'srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1' (one hpctorch per node" in output, output[-2000:]
     assert "1 CPU(s) on a node, too few for 2 tasks" in output
     assert_trained_across_nodes(output)
-    assert {r["agent"] for r in toy_ranks(output)} == {"torch"}
+    # hpctorch starts each node's workers itself (no torch agent), prefixing their output.
+    assert {r["agent"] for r in toy_ranks(output)} == {"none"}
+    assert re.search(r"^\[\S+ rank 0\]: ", output, re.M), output[-2000:]
 
 
 def test_srun_per_task(cluster: Cluster, job_dir: Path) -> None:
@@ -227,14 +229,14 @@ def test_arbitrary_distribution_masters_on_the_node_of_task_0(cluster: Cluster, 
     assert "done world=4" in done.stdout
 
 
-@pytest.mark.parametrize("layout, per_node, agent, gpus", [
-    (["--nproc-per-node", "2"], 2, "none", ["-", "-"]),
-    ([], 1, "torch", ["-"]),
+@pytest.mark.parametrize("layout, per_node, prefixed, gpus", [
+    (["--nproc-per-node", "2"], 2, False, ["-", "-"]),
+    ([], 1, True, ["-"]),
     # The harness's stand-in GPUs (Slurm GRES, see Cluster._gpu_devices): Slurm binds them.
-    (["--gpus-per-node", "2"], 2, "none", ["0", "1"]),
-    (["--gpus-per-node", "2", "--nproc-per-node", "1"], 1, "torch", ["0,1"]),
+    (["--gpus-per-node", "2"], 2, False, ["0", "1"]),
+    (["--gpus-per-node", "2", "--nproc-per-node", "1"], 1, True, ["0,1"]),
 ])
-def test_a_script_submit_writes_runs_as_written(cluster: Cluster, job_dir: Path, layout: list[str], per_node: int, agent: str,
+def test_a_script_submit_writes_runs_as_written(cluster: Cluster, job_dir: Path, layout: list[str], per_node: int, prefixed: bool,
                                                 gpus: list[str]) -> None:
     # --nproc-per-node 2: every rank a Slurm task (per task); nothing given: one task per node
     # (per node); --gpus-per-node 2: a task per GPU, Slurm binding one to each; with one rank
@@ -246,6 +248,9 @@ def test_a_script_submit_writes_runs_as_written(cluster: Cluster, job_dir: Path,
     assert cluster.wait_job(job_id) == "COMPLETED"
     output = (job_dir / f"hpctorch-hpctorch-{job_id}.out").read_text()
     assert_trained_across_nodes(output, per_node=per_node)
-    assert {r["agent"] for r in toy_ranks(output)} == {agent}
+    # Neither started by torch's agent (per task hpctorch execs each rank; per node it starts them
+    # itself); only hpctorch per node prefixes each line with its rank.
+    assert {r["agent"] for r in toy_ranks(output)} == {"none"}
+    assert bool(re.search(r"^\[\S+ rank 0\]: ", output, re.M)) == prefixed, output[-2000:]
     for node in ("node1", "node2"):  # each rank sees its own GPUs, as Slurm granted them
         assert sorted(r["gpus"] for r in toy_ranks(output) if r["host"] == node) == gpus, output[-2000:]
