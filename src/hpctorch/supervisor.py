@@ -213,7 +213,9 @@ def _wait(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int], 
         helper.end("quit")
         raise HpctorchError(disagreed["cause"], disagreed["fix"])
     failure = _failure(plan, workers, received, root, failed, aborted)
-    ended = helper.end("aborted" if aborted else "failed", failure.line, stacks.teardown) if helper is not None else {}
+    # What the other nodes print: which node a signal stopped (this node says "stopped by").
+    told = f"node {plan.node_rank} was stopped by {signal.Signals(received[0]).name}" if received else failure.line
+    ended = helper.end("aborted" if aborted else "failed", told, stacks.teardown) if helper is not None else {}
     lines = ended.get("teardown") or stacks.teardown_summary()
     if lines and plan.is_master:
         print("\n".join(lines), file=sys.stderr, flush=True)
@@ -226,8 +228,7 @@ def _failure(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int
         return WorkersFailed(f"stopped: {aborted}", exit_code=1)
     if received:
         name = signal.Signals(received[0]).name
-        return WorkersFailed(f"node {plan.node_rank} was stopped by {name}" if plan.nnodes > 1 else f"stopped by {name}",
-                             exit_code=128 + received[0])
+        return WorkersFailed(f"stopped by {name}", exit_code=128 + received[0])
     assert failed is not None
     code = workers[failed].returncode
     worker = plan.workers[failed]
