@@ -68,3 +68,26 @@ def test_a_rank_failing_on_one_node_ends_the_other(failing: str) -> None:
     for result in results:
         assert cause in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_a_node_stopped_by_a_signal_is_named_on_the_others() -> None:
+    import signal
+    import time
+
+    port = str(free_port())
+    processes = [subprocess.Popen([sys.executable, "-m", "hpctorch", "run", "--nnodes", "2", "--node-rank", str(rank),
+                                   "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "1",
+                                   SCRIPT, "--init", "--brief", "--sleep", "120"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+                 for rank in (0, 1)]
+    try:
+        time.sleep(6)  # the workers are in their sleep, or still starting: either way the job must end
+        processes[1].send_signal(signal.SIGTERM)
+        errors = [p.communicate(timeout=90)[1] for p in processes]  # a hang guard
+    finally:
+        for process in processes:
+            process.kill()
+    assert processes[1].returncode == 128 + signal.SIGTERM, errors[1]
+    assert "hpctorch: stopped by SIGTERM" in errors[1]
+    assert processes[0].returncode != 0
+    assert "hpctorch: stopped: node 1 was stopped by SIGTERM" in errors[0], errors[0]
