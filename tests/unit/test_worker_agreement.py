@@ -1,0 +1,32 @@
+"""The node's agreement outcome file, as the workers and the supervisor read it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from hpctorch import worker_agreement
+
+
+def test_the_other_local_ranks_wait_for_local_rank_0s_outcome(tmp_path: Path) -> None:
+    result = str(tmp_path / "agreed")
+    threading.Timer(0.2, worker_agreement._write, args=(result, "")).start()
+    started = time.monotonic()
+    assert worker_agreement._wait(result, 30) == ""
+    assert 0.1 < time.monotonic() - started < 30
+    assert worker_agreement.read(result) is None  # agreed: nothing for the supervisor to say
+
+
+def test_a_disagreement_reaches_the_supervisor_as_cause_and_fix(tmp_path: Path) -> None:
+    result = str(tmp_path / "agreed")
+    worker_agreement._write(result, json.dumps({"cause": "the nodes planned different jobs: world size ...", "fix": "start every node alike"}))
+    assert worker_agreement.read(result) == {"cause": "the nodes planned different jobs: world size ...", "fix": "start every node alike"}
+    assert worker_agreement.read(str(tmp_path / "missing")) is None
+    assert not list(tmp_path.glob("*.tmp"))  # written whole, then renamed
+
+
+def test_a_local_rank_0_that_never_checks_is_named_after_the_wait(tmp_path: Path) -> None:
+    outcome = json.loads(worker_agreement._wait(str(tmp_path / "agreed"), 0.1))
+    assert "local rank 0 did not check" in outcome["cause"] and "init_process_group" in outcome["fix"]
