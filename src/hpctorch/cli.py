@@ -311,7 +311,7 @@ def _run(args: argparse.Namespace) -> int:
             from . import supervisor
 
             supervisor.run_node(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console, local_ranks=local_ranks,
-                                quiet=args.quiet, summary_json=args.summary_json, requeue=args.requeue)
+                                quiet=args.quiet, summary_json=args.summary_json, requeue=args.requeue, stall=stall)
         else:
             launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue,
                                 prefix=not args.no_prefix, console_ranks=console, quiet=args.quiet, summary_json=args.summary_json,

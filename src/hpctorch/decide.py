@@ -228,7 +228,8 @@ def _starter(options: Options, nnodes: int) -> tuple[str, str]:
     """Per node: torch's elastic agent, unless nothing needs it. It imports torch (about a
     second) before it starts any worker; without restarts the workers rendezvous through rank 0's
     store (torch's env://) and hpctorch checks the nodes' agreement in the workers (``nodewatch``)."""
-    needs = list(options.torch_agent_for)
+    # --stall-timeout on several nodes: hpctorch's watchdog helper watches the output (nodewatch).
+    needs = [flag for flag in options.torch_agent_for if not (flag == "--stall-timeout" and nnodes > 1)]
     if nnodes > 1 and not _is_python(options.command):
         needs.append(f"{nnodes} nodes and a command that is not Python (hpctorch checks the nodes agree inside Python workers)")
     if options.max_restarts:

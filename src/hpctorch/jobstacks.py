@@ -80,8 +80,11 @@ def collect(store, prefix: str, covered: set[int], nnodes: int, timeout_s: float
 class NodeStacks:
     """This agent's workers' stacks (per-node mode), for a stall dump and for the teardown."""
 
-    def __init__(self, plan, method: str = "auto") -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, plan, method: str = "auto", parent: int | None = None) -> None:  # type: ignore[no-untyped-def]
+        """``parent``: the process whose children the workers are (this one by default; the
+        supervisor's, from its watchdog helper)."""
         self.plan = plan
+        self.parent = parent
         self.method = method
         self.prefix = f"hpctorch/{plan.run_id}/stacks/"
         self.teardown: tuple[list[dict], str | None] | None = None
@@ -94,7 +97,7 @@ class NodeStacks:
         import psutil
 
         found = []
-        for child in psutil.Process().children():
+        for child in psutil.Process(self.parent).children():
             try:
                 env = child.environ()
             except psutil.Error:

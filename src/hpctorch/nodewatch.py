@@ -43,8 +43,10 @@ def paths(root: str) -> tuple[str, str]:
 class Helper:
     """The supervisor's side: starts the helper and talks to it."""
 
-    def __init__(self, root: str, startup_s: float) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "hpctorch.nodewatch", root, f"{startup_s:.3f}"],
+    def __init__(self, root: str, startup_s: float, stall: tuple[float, str] | None = None) -> None:
+        """``stall``: ``--stall-timeout`` and ``--stall-action``, watched by the helper."""
+        watch = [f"{stall[0]:g}", stall[1]] if stall else []
+        self.process = subprocess.Popen([sys.executable, "-m", "hpctorch.nodewatch", root, f"{startup_s:.3f}", *watch],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self.inbox: queue.Queue[dict | None] = queue.Queue()
         self.connected = False
@@ -170,6 +172,7 @@ def main(argv: Sequence[str]) -> int:
     from .plan import Plan
 
     root, startup_s = argv[0], float(argv[1])
+    stall = (float(argv[2]), argv[3]) if len(argv) > 3 else None
     with open(paths(root)[0], encoding="utf-8") as source:
         plan = Plan.from_dict(json.load(source))
     inbox: queue.Queue[dict | None] = queue.Queue()
@@ -177,7 +180,8 @@ def main(argv: Sequence[str]) -> int:
     message = _until_needed(paths(root)[1], inbox)
     if message is not None and message.get("end") in ("finished", "quit"):
         return 0  # over before there was anything to watch
-    from .watchdog import JobWatchdog
+    from .launch import _output_size
+    from .watchdog import JobWatchdog, StallWatch
 
     try:
         served = _serve(plan) if plan.is_master else None  # serves while referenced
@@ -185,9 +189,11 @@ def main(argv: Sequence[str]) -> int:
         print(f"hpctorch: cannot serve the watchdog's store on port {plan.watch_port}: {str(exc).splitlines()[0]}; "
               "the job runs without it", file=sys.stderr, flush=True)
         return 1
-    stacks = NodeStacks(plan)
+    stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"), parent=os.getppid())
+    # The workers' captured output (supervisor._Output writes <root>/<local rank>/*.log).
+    watch = StallWatch(stall[0], stall[1] == "kill", lambda: _output_size(root)) if stall else None
     watchdog = JobWatchdog(plan, plan.rdzv_timeout, on_abort=lambda reason: _send(abort=reason), startup_s=startup_s,
-                           stacks=stacks, endpoint=(plan.master_addr or "", plan.watch_port), all_up=_seen(paths(root)[1]))
+                           stacks=stacks, stall=watch, endpoint=(plan.master_addr or "", plan.watch_port), all_up=_seen(paths(root)[1]))
     watchdog.start()
     threading.Thread(target=lambda: watchdog.connected.wait() and _send(connected=True), daemon=True).start()
     while message is None or "end" not in message:

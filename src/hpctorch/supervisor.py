@@ -121,8 +121,10 @@ class _Output:
 
 
 def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None,
-             local_ranks: set[int] | None = None, quiet: bool = False, summary_json: str | None = None, requeue: bool = False) -> None:
-    """Start this node's workers, wait for them; raises WorkersFailed naming the first failure."""
+             local_ranks: set[int] | None = None, quiet: bool = False, summary_json: str | None = None, requeue: bool = False,
+             stall: tuple[float, str] | None = None) -> None:
+    """Start this node's workers, wait for them; raises WorkersFailed naming the first failure.
+    ``stall`` (``--stall-timeout``, several nodes only) is watched by the watchdog's helper."""
     started = _process_start()
     os.environ.update(plan.common_env)
     _stacks_env(os.environ)  # type: ignore[arg-type]
@@ -162,7 +164,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         if several:
             from .nodewatch import Helper
 
-            helper = Helper(root, time.time() - started)
+            helper = Helper(root, time.time() - started, stall)
         failure, final = _wait(plan, workers, received, root, helper, files[1] if files else "")
     except OSError as exc:
         _stop(workers)
