@@ -117,12 +117,13 @@ def disagreement_error(lines: list[str]) -> HpctorchError:
     )
 
 
-def open_store(plan: Plan, timeout_s: float, serve: bool | None = None):  # type: ignore[no-untyped-def]
-    """The master's store: served here on node 0 (or where ``serve`` says), a client elsewhere."""
+def open_store(plan: Plan, timeout_s: float, serve: bool | None = None, port: int | None = None):  # type: ignore[no-untyped-def]
+    """The master's store: served here on node 0 (or where ``serve`` says), a client elsewhere;
+    at the master port, or ``port`` (the watchdog's store, ``nodewatch``)."""
     from torch.distributed import TCPStore
 
     return TCPStore(
-        plan.master_addr, plan.master_port, None, plan.is_master if serve is None else serve,
+        plan.master_addr, plan.master_port if port is None else port, None, plan.is_master if serve is None else serve,
         datetime.timedelta(seconds=timeout_s), wait_for_workers=False, multi_tenant=True,
     )
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import replace
 
 from . import fabric, master, placement, ports, workerenv
 from .allocation import Allocation, Launched
 from .errors import HpctorchError
 from .facts import HostFacts, own_addresses
-from .plan import MODES, Options, Plan, Worker
+from .plan import MODES, Options, Plan, Worker, is_python
 
 
 def _nested_launch_error(tasks: int, nproc: int, scheduler: str) -> HpctorchError:
@@ -230,7 +229,7 @@ def _starter(options: Options, nnodes: int) -> tuple[str, str]:
     store (torch's env://) and hpctorch checks the nodes' agreement in the workers (``nodewatch``)."""
     # --stall-timeout on several nodes: hpctorch's watchdog helper watches the output (nodewatch).
     needs = [flag for flag in options.torch_agent_for if not (flag == "--stall-timeout" and nnodes > 1)]
-    if nnodes > 1 and not _is_python(options.command):
+    if nnodes > 1 and not is_python(options.command):
         needs.append(f"{nnodes} nodes and a command that is not Python (hpctorch checks the nodes agree inside Python workers)")
     if options.max_restarts:
         needs.append(f"--max-restarts {options.max_restarts}")
@@ -244,11 +243,6 @@ def _starter(options: Options, nnodes: int) -> tuple[str, str]:
         return "hpctorch", ("no restarts: hpctorch starts the workers at once (torch's agent would import torch first); "
                             "they meet at rank 0's store, after the nodes' agreement; a helper per node runs the watchdog")
     return "hpctorch", "one node, no restarts: hpctorch starts the workers itself (torch's agent would import torch first)"
-
-
-def _is_python(command: tuple[str, ...]) -> bool:
-    """A Python script or module started through ``_worker.py`` (``launch.worker_command``)."""
-    return len(command) > 2 and command[1] == "-u" and command[0] == sys.executable
 
 
 def _rdzv_conf(options: Options, facts: HostFacts, backend: str, master: str | None, nnodes: int) -> dict[str, str]:

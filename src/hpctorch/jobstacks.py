@@ -124,7 +124,11 @@ class NodeStacks:
         if self.teardown is not None and not taken[0]:
             return
         self.teardown = taken
-        if store is not None and self.plan.nnodes > 1 and not self.plan.is_master:
+        self.send_teardown(store)
+
+    def send_teardown(self, store) -> None:  # type: ignore[no-untyped-def]
+        """This node's part of the teardown stacks, to node 0 (which reads its own)."""
+        if self.teardown is not None and store is not None and self.plan.nnodes > 1 and not self.plan.is_master:
             try:
                 publish(store, self.prefix + "teardown/", [self.plan.node_rank], self.teardown[0])
             except Exception:  # noqa: BLE001 - node 0 says it had no answer from this node

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from . import network
 from .errors import HpctorchError
 from .initialize import PREEMPT_SIGNALS
-from .plan import ROLE, Plan
+from .plan import ROLE, Plan, is_python
 
 STOP_GRACE_S = 3
 WORKER_ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
@@ -47,7 +47,7 @@ def worker_command(command: Sequence[str], per_rank_lists: bool) -> tuple[str, .
     """What each worker runs: a Python script or module through ``_worker.py`` (in the same
     process: it registers the faulthandler ``hpctorch stacks`` falls back on, and applies
     per-rank CPU and device lists); another command through it only for those lists."""
-    if len(command) > 2 and command[0] == sys.executable and command[1] == "-u":
+    if is_python(command):
         return (command[0], "-u", WORKER_ENTRY, *command[2:])
     if per_rank_lists:
         return (sys.executable, WORKER_ENTRY, "--exec", *command)

@@ -157,18 +157,8 @@ def _seen(path: str) -> Callable[[], float | None]:
     return when
 
 
-def _serve(plan):  # type: ignore[no-untyped-def]
-    """Node 0: the watchdog's store, for as long as this helper lives."""
-    import datetime
-
-    from torch.distributed import TCPStore
-
-    return TCPStore(plan.master_addr, plan.watch_port, None, True, datetime.timedelta(seconds=plan.rdzv_timeout),
-                    wait_for_workers=False, multi_tenant=True)
-
-
 def main(argv: Sequence[str]) -> int:
-    from .jobstacks import NodeStacks, publish
+    from .jobstacks import NodeStacks
     from .plan import Plan
 
     root, startup_s = argv[0], float(argv[1])
@@ -180,11 +170,13 @@ def main(argv: Sequence[str]) -> int:
     message = _until_needed(paths(root)[1], inbox)
     if message is not None and message.get("end") in ("finished", "quit"):
         return 0  # over before there was anything to watch
+    from .agreement import open_store
     from .launch import _output_size
     from .watchdog import JobWatchdog, StallWatch
 
     try:
-        served = _serve(plan) if plan.is_master else None  # serves while referenced
+        # Node 0: the watchdog's store, served while referenced.
+        served = open_store(plan, plan.rdzv_timeout, serve=True, port=plan.watch_port) if plan.is_master else None
     except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
         print(f"hpctorch: cannot serve the watchdog's store on port {plan.watch_port}: {str(exc).splitlines()[0]}; "
               "the job runs without it", file=sys.stderr, flush=True)
@@ -203,11 +195,7 @@ def main(argv: Sequence[str]) -> int:
     how = message["end"]
     if how in ("failed", "aborted"):
         watchdog.connected.wait(CONNECT_WAIT_S)
-        if stacks.teardown is not None and not plan.is_master and watchdog.store is not None:
-            try:
-                publish(watchdog.store, stacks.prefix + "teardown/", [plan.node_rank], stacks.teardown[0])
-            except Exception:  # noqa: BLE001 - node 0 says it had no answer from this node
-                pass
+        stacks.send_teardown(watchdog.store)
     if how == "failed":
         watchdog.report_failure(message["line"])
     elif how == "finished":

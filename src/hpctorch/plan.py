@@ -7,7 +7,8 @@ final when shown: it is never patched afterwards.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 MODES = ("auto", "per-node", "per-task")
@@ -56,6 +57,12 @@ class Options:
     """Also pass the local rank as ``SPELLING=N`` (torch.distributed.launch's scripts)."""
     master_flag: str = "--master-addr"
     """The flag the master address and port came from (``--rdzv-endpoint`` too), for the reasons."""
+
+
+def is_python(command: Sequence[str]) -> bool:
+    """A worker command that is a Python script or module as hpctorch builds it
+    (``python -u ...``): run through ``_worker.py`` in the same process."""
+    return len(command) > 2 and command[0] == sys.executable and command[1] == "-u"
 
 
 @dataclass(frozen=True)

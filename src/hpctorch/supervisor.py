@@ -43,23 +43,29 @@ def _reserve(address: str, port: int) -> tuple[socket.socket | None, int]:
     take it while no other process's bind can (32 jobs started at once never share one)."""
     if port:
         return None, port
+    held = _hold(address, 0)
+    return held, held.getsockname()[1]
+
+
+def _hold(address: str, port: int) -> socket.socket:
+    """``port`` (0: any) bound with SO_REUSEADDR and never listening (see ``_reserve``)."""
     held = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
     held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    held.bind((address, 0))
-    return held, held.getsockname()[1]
+    try:
+        held.bind((address, port))
+    except OSError:
+        held.close()
+        raise
+    return held
 
 
 def _hold_watch_port(plan: Plan) -> socket.socket:
     """Node 0: the watchdog's port, held (as ``_reserve``) until its helper serves it."""
-    held = socket.socket(socket.AF_INET6 if ":" in (plan.master_addr or "") else socket.AF_INET)
-    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        held.bind((plan.master_addr or "", plan.watch_port))
+        return _hold(plan.master_addr or "", plan.watch_port)
     except OSError:
-        held.close()
         raise HpctorchError(f"the watchdog's port {plan.watch_port} ({plan.reasons.get('watch_port', 'derived')}) is already in use on this node",
                             "pass another --master-port or --run-id (the port is derived from both)") from None
-    return held
 
 
 def _agreement_files(plan: Plan, root: str) -> tuple[str, str]:
