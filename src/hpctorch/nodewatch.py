@@ -1,7 +1,7 @@
 """The whole-job watchdog when hpctorch starts the workers on several nodes (``supervisor``).
 
 The supervisor imports no torch, so the watchdog (``JobWatchdog``, the same as under torch's
-agent) runs in a helper process per node, ``python -m hpctorch.nodewatch ROOT STARTUP_S``. It
+agent) runs in a helper process per node, ``python -m hpctorch.nodewatch LOGS STATE STARTUP_S``. It
 imports torch only once the workers have (their agreement is done: ``worker_agreement``), after
 ``START_AFTER_S`` at the latest, or at once when the supervisor reports an end: the workers'
 imports, on the critical path, get the CPU first. Node 0's helper serves the watchdog's store at
@@ -35,18 +35,20 @@ CONNECT_WAIT_S = 30.0
 POLL_S = 0.05
 
 
-def paths(root: str) -> tuple[str, str]:
-    """The node's plan (for local rank 0's agreement and the helper) and the agreement's outcome."""
-    return os.path.join(root, PLAN_FILE), os.path.join(root, RESULT_FILE)
+def paths(state: str) -> tuple[str, str]:
+    """In the node's private directory: its plan (for local rank 0's agreement and the helper)
+    and the agreement's outcome."""
+    return os.path.join(state, PLAN_FILE), os.path.join(state, RESULT_FILE)
 
 
 class Helper:
     """The supervisor's side: starts the helper and talks to it."""
 
-    def __init__(self, root: str, startup_s: float, stall: tuple[float, str] | None = None) -> None:
-        """``stall``: ``--stall-timeout`` and ``--stall-action``, watched by the helper."""
+    def __init__(self, logs: str, state: str, startup_s: float, stall: tuple[float, str] | None = None) -> None:
+        """``logs``: the workers' captured output; ``state``: the node's private directory
+        (``paths``); ``stall``: ``--stall-timeout`` and ``--stall-action``, watched by the helper."""
         watch = [f"{stall[0]:g}", stall[1]] if stall else []
-        self.process = subprocess.Popen([sys.executable, "-m", "hpctorch.nodewatch", root, f"{startup_s:.3f}", *watch],
+        self.process = subprocess.Popen([sys.executable, "-m", "hpctorch.nodewatch", logs, state, f"{startup_s:.3f}", *watch],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self.inbox: queue.Queue[dict | None] = queue.Queue()
         self.connected = False
@@ -161,13 +163,14 @@ def main(argv: Sequence[str]) -> int:
     from .jobstacks import NodeStacks
     from .plan import Plan
 
-    root, startup_s = argv[0], float(argv[1])
-    stall = (float(argv[2]), argv[3]) if len(argv) > 3 else None
-    with open(paths(root)[0], encoding="utf-8") as source:
+    logs, state, startup_s = argv[0], argv[1], float(argv[2])
+    stall = (float(argv[3]), argv[4]) if len(argv) > 4 else None
+    plan_file, result = paths(state)
+    with open(plan_file, encoding="utf-8") as source:
         plan = Plan.from_dict(json.load(source))
     inbox: queue.Queue[dict | None] = queue.Queue()
     threading.Thread(target=_read, args=(sys.stdin.buffer, inbox), daemon=True).start()
-    message = _until_needed(paths(root)[1], inbox)
+    message = _until_needed(result, inbox)
     if message is not None and message.get("end") in ("finished", "quit"):
         return 0  # over before there was anything to watch
     from .agreement import open_store
@@ -183,9 +186,9 @@ def main(argv: Sequence[str]) -> int:
         return 1
     stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"), parent=os.getppid())
     # The workers' captured output (supervisor._Output writes <root>/<local rank>/*.log).
-    watch = StallWatch(stall[0], stall[1] == "kill", lambda: _output_size(root)) if stall else None
+    watch = StallWatch(stall[0], stall[1] == "kill", lambda: _output_size(logs)) if stall else None
     watchdog = JobWatchdog(plan, plan.rdzv_timeout, on_abort=lambda reason: _send(abort=reason), startup_s=startup_s,
-                           stacks=stacks, stall=watch, endpoint=(plan.master_addr or "", plan.watch_port), all_up=_seen(paths(root)[1]))
+                           stacks=stacks, stall=watch, endpoint=(plan.master_addr or "", plan.watch_port), all_up=_seen(result))
     watchdog.start()
     threading.Thread(target=lambda: watchdog.connected.wait() and _send(connected=True), daemon=True).start()
     while message is None or "end" not in message:

@@ -15,6 +15,7 @@ signals passed on, the closing summary.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import string
@@ -68,15 +69,17 @@ def _hold_watch_port(plan: Plan) -> socket.socket:
                             "pass another --master-port or --run-id (the port is derived from both)") from None
 
 
-def _agreement_files(plan: Plan, root: str) -> tuple[str, str]:
-    """The node's plan, for local rank 0's agreement check and the helper, and the outcome's file."""
+def _agreement_files(plan: Plan) -> tuple[str, str, str]:
+    """A node-local directory (the temporary one, not the log directory, which may be on a shared
+    file system: the waiting ranks and the helper poll the outcome's file), the node's plan in it,
+    for local rank 0's agreement check and the helper, and the outcome's file."""
     from .nodewatch import paths
 
-    plan_file, result = paths(root)
-    os.makedirs(root, exist_ok=True)
+    state = tempfile.mkdtemp(prefix="hpctorch-node-")
+    plan_file, result = paths(state)
     with open(plan_file, "w", encoding="utf-8") as out:
         out.write(plan.to_json())
-    return plan_file, result
+    return state, plan_file, result
 
 
 def _worker_env(plan: Plan, local: int, port: int, error_file: str) -> dict[str, str]:
@@ -143,7 +146,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
     root = os.path.join(log_dir or tempfile.mkdtemp(prefix="hpctorch_"), plan.run_id, "attempt_0")
     shown = console_ranks if console_ranks is not None else ({w.rank for w in plan.workers if w.local_rank in local_ranks} if local_ranks else None)
-    files = _agreement_files(plan, root) if several else None
+    files = _agreement_files(plan) if several else None
     output = _Output(root, line_prefix(plan) if prefix else "", shown)
     has_lists = any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS"))
     workers: list[subprocess.Popen] = []
@@ -162,7 +165,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
             if files is not None:
                 from .worker_agreement import AGREEMENT_ENV, RESULT_ENV, WAIT_ENV
 
-                env.update({RESULT_ENV: files[1], WAIT_ENV: str(plan.rdzv_timeout + 60), **({AGREEMENT_ENV: files[0]} if local == 0 else {})})
+                env.update({RESULT_ENV: files[2], WAIT_ENV: str(plan.rdzv_timeout + 60), **({AGREEMENT_ENV: files[1]} if local == 0 else {})})
             process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
             workers.append(process)
             output.follow(worker.rank, local, process.stdout, sys.stdout, "stdout.log")  # type: ignore[arg-type]
@@ -170,8 +173,8 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         if several:
             from .nodewatch import Helper
 
-            helper = Helper(root, time.time() - started, stall)
-        failure, final = _wait(plan, workers, received, root, helper, files[1] if files else "")
+            helper = Helper(root, files[0], time.time() - started, stall)  # type: ignore[index]
+        failure, final = _wait(plan, workers, received, root, helper, files[2] if files else "")
     except OSError as exc:
         _stop(workers)
         if helper is not None:
@@ -183,6 +186,8 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         for socket_held in (held, watch_held):
             if socket_held is not None:
                 socket_held.close()
+        if files is not None:
+            shutil.rmtree(files[0], ignore_errors=True)
     output.drain()
     _requeue_if_preempted(plan, preempted, requeue)
     if plan.is_master and (not quiet or summary_json):
