@@ -91,3 +91,20 @@ def test_a_node_stopped_by_a_signal_is_named_on_the_others() -> None:
     assert "hpctorch: stopped by SIGTERM" in errors[1]
     assert processes[0].returncode != 0
     assert "hpctorch: stopped: node 1 was stopped by SIGTERM" in errors[0], errors[0]
+
+
+def test_a_busy_watchdog_port_is_one_line_and_exit_2() -> None:
+    import socket
+
+    port = str(free_port())
+    args = ["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "1", SCRIPT]
+    shown = subprocess.run([sys.executable, "-m", "hpctorch", "plan", "--json", *args], capture_output=True, text=True, env=clean_env(), timeout=60)
+    watch = json.loads(shown.stdout)["watch_port"]
+    with socket.socket() as other:  # another job listening there
+        other.bind(("127.0.0.1", watch))
+        other.listen()
+        done = subprocess.run([sys.executable, "-m", "hpctorch", "run", *args], capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"hpctorch: error: the watchdog's port {watch} (") and "is already in use on this node; fix: pass another --master-port" in last, last
+    assert "Traceback" not in done.stderr
