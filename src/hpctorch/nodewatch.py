@@ -159,9 +159,24 @@ def _seen(path: str) -> Callable[[], float | None]:
     return when
 
 
+def _ignore_signals() -> None:
+    """The helper ends when its supervisor says so, or is gone (its stdin closes), never by a
+    signal meant for the job: a launcher signals every process of the step (slurmstepd does,
+    scancel --signal=USR1, Slurm's --signal), and a helper killed by a preemption signal, or by
+    the SIGTERM its supervisor is about to report, would leave the job unwatched or silent."""
+    import signal
+
+    from .initialize import PREEMPT_SIGNALS
+
+    for sig in (signal.SIGINT, signal.SIGTERM, *PREEMPT_SIGNALS):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def main(argv: Sequence[str]) -> int:
     from .jobstacks import NodeStacks
     from .plan import Plan
+
+    _ignore_signals()
 
     logs, state, startup_s = argv[0], argv[1], float(argv[2])
     stall = (float(argv[3]), argv[4]) if len(argv) > 4 else None

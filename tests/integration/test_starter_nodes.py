@@ -108,3 +108,37 @@ def test_a_busy_watchdog_port_is_one_line_and_exit_2() -> None:
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"hpctorch: error: the watchdog's port {watch} (") and "is already in use on this node; fix: pass another --master-port" in last, last
     assert "Traceback" not in done.stderr
+
+
+def test_the_watchdog_helper_outlives_the_signals_a_launcher_sends_the_step() -> None:
+    # slurmstepd signals every process of a step (scancel --signal=USR1, Slurm's --signal, SIGTERM
+    # on cancel): the helper must survive them, or a later failure would go unreported.
+    import signal
+    import time
+
+    import psutil
+
+    port = str(free_port())
+    compute = str(ROOT / "tests" / "fixtures" / "compute.py")
+    processes = [subprocess.Popen([sys.executable, "-m", "hpctorch", "run", "--nnodes", "2", "--node-rank", str(rank),
+                                   "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "1",
+                                   compute, "--seconds", "120", "--die-rank", "1", "--die-after", "12"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+                 for rank in (0, 1)]
+    try:
+        helpers: list[psutil.Process] = []
+        deadline = time.monotonic() + 60
+        while len(helpers) < 2 and time.monotonic() < deadline:  # a hang guard
+            time.sleep(0.2)
+            helpers = [c for p in processes for c in psutil.Process(p.pid).children() if "hpctorch.nodewatch" in " ".join(c.cmdline())]
+        assert len(helpers) == 2
+        time.sleep(7)  # the helpers are watching (after the workers' agreement, 5 s at the latest)
+        for helper in helpers:
+            for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+                helper.send_signal(sig)
+        errors = [p.communicate(timeout=90)[1] for p in processes]  # a hang guard: rank 1 dies at 12 s
+    finally:
+        for process in processes:
+            process.kill()
+    # Rank 1 (node 1) was SIGKILLed after the signals; node 0 heard it through the helpers.
+    assert "hpctorch: stopped: rank 1 on node 1 (local rank 0) was killed by signal 9" in errors[0], errors[0][-3000:]
