@@ -5,6 +5,9 @@ execs any other command. Before that it
 - gives worker LOCAL_RANK its own CPUs (sched_setaffinity, before torch starts a thread),
   HPCTORCH_CPUS, HPCTORCH_DEVICES and OMP_NUM_THREADS from the plan's per-node lists
   (per-node mode: torch's agent starts every local worker with one environment);
+- in a rank other than 0 whose env:// rendezvous would race rank 0 creating its store, waits
+  for that store to listen before torch's client tries (``storewait``: torch's retry sleeps
+  0.25-0.75 s and more);
 - with HPCTORCH_TIMINGS set (``--timings``), notes this worker's startup stages;
 - with HPCTORCH_FILE_STORE set (``--rdzv-backend file``), points env:// at that FileStore;
 - with HPCTORCH_AGREED set (several nodes started by hpctorch), checks that the nodes agree
@@ -14,8 +17,8 @@ execs any other command. Before that it
   is not allowed. The file exists only once the handler is in place, so a process is never
   sent the signal before it can take it.
 
-Run as a file it imports only ``hpctorch.cpulist`` (and faulthandler, runpy: built in), and
-torch's FileStore for the file backend.
+Run as a file it imports only ``hpctorch.cpulist`` and ``hpctorch.storewait`` (and faulthandler,
+runpy: built in), and what the settings above ask for (torch's FileStore for the file backend).
 """
 
 from __future__ import annotations
@@ -129,6 +132,10 @@ def main() -> None:
     if argv[:1] == ["--exec"]:
         os.execvp(argv[1], argv[1:])
     _register_stack_dump()
+    from hpctorch import storewait
+
+    if storewait.needed(os.environ):  # first, so --timings sees the script's call before the wait
+        storewait.install()
     if os.environ.get("HPCTORCH_TIMINGS"):  # hpctorch run --timings
         from hpctorch.worker_timings import install
 

@@ -113,6 +113,11 @@ def init(backend: str | None = None, timeout_s: float = DEFAULT_RDZV_TIMEOUT_S) 
         device = torch.device("cpu")
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if not dist.is_initialized():
+        from .storewait import wait_once
+
+        unreachable = wait_once(os.environ, timeout_s, rank, world_size)  # torch's retry sleeps 0.25-0.75 s
+        if unreachable:
+            raise dist.DistNetworkError(unreachable)
         dist.init_process_group(
             backend=backend,
             rank=rank,
