@@ -6,7 +6,7 @@ import json
 
 from .common import HERE, RESULTS, summary, table
 
-ORDER = ("first_collective", "plan_latency", "plan_scale", "bootstrap", "port_collisions", "teardown", "control_plane_scale")
+ORDER = ("first_collective", "plan_latency", "plan_scale", "bootstrap", "port_collisions", "teardown", "control_plane_scale", "store_wait")
 
 
 def _load(name: str) -> dict | None:
@@ -133,6 +133,17 @@ def _plot_control_plane(data: dict) -> None:
     ])
 
 
+def store_wait(data: dict) -> str:
+    rows = [[r["ranks"], f"{r['cap_s']:.2f}", f"{r['refused_per_s']:.0f}", f"{r['bound_per_s']:.0f}",
+             f"{r['released_median_s']:.3f}", f"{r['released_last_s']:.3f}"] for r in data["rows"]]
+    return (f"The real `storewait.wait`, one per simulated rank, as threads in {data['processes']} processes, against a loopback "
+            f"port closed for {data['settle_s'] + data['window_s']:.0f} s, then a listening socket; refusals counted over the last "
+            f"{data['window_s']:.0f} s before the listen. torch's own client, refused, sleeps 0.25-0.75 s, then x1.5 each try, "
+            "up to 60 s.\n\n" +
+            table(["waiting ranks", "pause cap (s)", "refused/s at rank 0", "bound/s", "released after listen: median s", "last s"], rows) +
+            "".join(f"\n\n{note}" for note in data.get("notes", ())))
+
+
 def _loglog_plot(name: str, xlabel: str, title: str, lines: list[tuple[list, list, str, str]]) -> None:
     """One log-log figure of (x, y, style, label) lines, saved under plots/."""
     import matplotlib
@@ -159,6 +170,7 @@ TITLES = {
     "port_collisions": "5. Port collisions",
     "teardown": "6. Teardown after a kill -9",
     "control_plane_scale": "7. Control plane at scale",
+    "store_wait": "8. Ranks waiting for rank 0's store",
 }
 
 

@@ -19,6 +19,7 @@ MEASURED = {
     "port_collisions": "wall s",
     "teardown": "median s",
     "control_plane_scale": "per node/s",
+    "store_wait": "refused/s at rank 0",
 }
 
 
