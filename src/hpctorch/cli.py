@@ -159,6 +159,10 @@ def _check_script(args: argparse.Namespace) -> None:
         return  # looked up on PATH at exec time
     if not os.path.isfile(args.script):
         raise HpctorchError(f"script {args.script!r} not found", "check the path (relative to the current directory)")
+    if kind := torchrun_cli.not_python(args.script):
+        fix = "add --no-python to run it as a command (as torchrun does)" if hasattr(args, "no_python") else \
+            "submit writes jobs for Python scripts: write the job script yourself with 'hpctorch run --no-python'"
+        raise HpctorchError(f"{args.script!r} is {kind}, not a Python script", fix)
 
 
 def _options(args: argparse.Namespace) -> Options:

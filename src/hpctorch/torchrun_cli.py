@@ -113,3 +113,23 @@ def endpoint(value: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise HpctorchError(f"--rdzv-endpoint {value!r} is not HOST[:PORT]", "write e.g. --rdzv-endpoint node001:29400")
     return host, int(port)
+
+
+PROGRAM_MAGIC = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe")  # ELF, Mach-O, fat Mach-O
+
+
+def not_python(path: str) -> str | None:
+    """What a script given without --no-python is when Python would fail on it at once: a
+    program, or another language's script (every worker would die of a SyntaxError).
+    (Python also runs .pyc files and zip apps, which hold NUL bytes too: those pass.)"""
+    try:
+        with open(path, "rb") as source:
+            head = source.read(512)
+    except OSError:
+        return None  # Python will say why
+    if head.startswith(PROGRAM_MAGIC) or (head.startswith(b"MZ") and b"\0" in head):
+        return "a program"
+    first = head.split(b"\n", 1)[0]
+    if first.startswith(b"#!") and b"python" not in first:
+        return f"a script for {first[2:].decode(errors='replace').strip()}"
+    return None

@@ -29,6 +29,8 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "--iface", "nosuch0", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT), ("nosuch0", "lo (127.0.0.1/8")),
         (("run", "--nnodes", "2", SCRIPT), ("--nnodes 2", "--node-rank")),
         (("run", "missing_script.py"), ("missing_script.py", "not found")),
+        (("run", "/bin/true"), ("'/bin/true' is a program", "--no-python")),
+        (("run", str(ROOT / ".ci" / "run")), ("is a script for /usr/bin/env bash", "--no-python")),
         (("run", "--nnodes", "1:4", SCRIPT), ("--nnodes 1:4", "--rdzv-backend c10d")),
         (("run", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:x", SCRIPT), ("--rdzv-endpoint 'head:x'",)),
         (("run", "--nproc-per-node", "0", SCRIPT), ("starts nothing",)),
@@ -49,6 +51,7 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "moab", "--dry-run", SCRIPT), ("moab",)),
         (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--account", "a\nb", "--dry-run", SCRIPT), ("newline",)),
         (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--dry-run", "nope.py"), ("not found",)),
+        (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--dry-run", "/bin/true"), ("is a program", "hpctorch run --no-python")),
         (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--job-script", SCRIPT, SCRIPT), ("not a job script hpctorch wrote",)),
     ],
 )

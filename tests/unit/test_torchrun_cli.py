@@ -5,11 +5,14 @@ fail here until handled)."""
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import pytest
 
 from hpctorch.cli import _options, _parser
 from hpctorch.errors import HpctorchError
+from hpctorch.torchrun_cli import not_python
 
 run = pytest.importorskip("torch.distributed.run")
 
@@ -83,3 +86,22 @@ def test_agent_options_reach_torchs_launch_config() -> None:
     assert (config.start_method, config.monitor_interval, config.role) == ("fork", 2.0, "trainer")
     assert config.numa_options.affinity_mode.value == "node"
     assert "torch's own NUMA binding" in plan.reasons["cpu_bind"] and "HPCTORCH_CPU_SETS" not in plan.common_env
+
+
+def test_what_python_cannot_run_is_named_and_what_it_can_passes(tmp_path: Path) -> None:
+    import py_compile
+    import zipapp
+
+    script = tmp_path / "train.py"
+    script.write_text("#!/usr/bin/env python3\nprint('hi')\n")
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text("print('hi')\n")
+    zipapp.create_archive(app, tmp_path / "app.pyz", interpreter="/usr/bin/env python3")
+    compiled = py_compile.compile(str(script), cfile=str(tmp_path / "train.pyc"))
+    shell = tmp_path / "run.sh"
+    shell.write_text("#!/bin/bash\necho hi\n")
+    for runnable in (script, tmp_path / "app.pyz", compiled):
+        assert not_python(str(runnable)) is None, runnable
+    assert not_python(str(shell)) == "a script for /bin/bash"
+    assert not_python(sys.executable) == "a program"
