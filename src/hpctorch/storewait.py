@@ -126,10 +126,18 @@ def _wrap(module) -> None:  # type: ignore[no-untyped-def]
         except TypeError:
             given = None  # torch will say what is wrong with the call
         if given is not None and given.get("store") is None and given.get("init_method") in (None, "env://"):
-            timeout = given.get("timeout") or module.default_pg_timeout
+            timeout = given.get("timeout") or _default_timeout(module, given.get("backend"))
             error = wait_once(os.environ, timeout.total_seconds(), given.get("rank", -1), given.get("world_size", -1))
             if error:
                 raise sys.modules["torch.distributed"].DistNetworkError(error)
         return init(*args, **kwargs)
 
     module.init_process_group = init_process_group
+
+
+def _default_timeout(module, backend):  # type: ignore[no-untyped-def]
+    """torch's own default for this call (``_get_default_timeout``: NCCL's is shorter)."""
+    nccl = getattr(module, "default_pg_nccl_timeout", None)
+    if str(backend).lower() == "nccl" and hasattr(nccl, "total_seconds"):
+        return nccl
+    return module.default_pg_timeout
