@@ -39,7 +39,7 @@ def needed(env: Mapping[str, str]) -> bool:
     return (
         env.get("RANK", "0") != "0"
         and bool(env.get("MASTER_ADDR"))
-        and env.get("MASTER_PORT", "").isdigit()
+        and env.get("MASTER_PORT", "").isdigit() and int(env["MASTER_PORT"]) > 0
         and env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true"
         and not env.get("HPCTORCH_FILE_STORE")
         and not env.get("HPCTORCH_AGREED")

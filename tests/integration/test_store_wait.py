@@ -90,6 +90,7 @@ def test_needed_only_where_env_rendezvous_races_rank_0() -> None:
     assert not storewait.needed({**base, "HPCTORCH_AGREED": "/tmp/x/agreed"})  # the agreement waited
     assert not storewait.needed({**base, "HPCTORCH_FILE_STORE": "/shared/store"})
     assert not storewait.needed({k: v for k, v in base.items() if k != "MASTER_PORT"})
+    assert not storewait.needed({**base, "MASTER_PORT": "0"})  # no port to wait for
 
 
 def test_wait_ends_when_a_listener_appears_and_says_why_when_none_does() -> None:
