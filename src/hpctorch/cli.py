@@ -415,7 +415,18 @@ def _hostlist(args: argparse.Namespace) -> int:
     return 0
 
 
+def _whole_lines(stream) -> None:  # type: ignore[no-untyped-def]
+    """Under PYTHONUNBUFFERED, print writes a line and its newline apart, and the lines of the
+    ranks of one srun or mpiexec step then meet mid-line: each line goes out in one write."""
+    if getattr(stream, "write_through", False):
+        try:
+            stream.reconfigure(write_through=False, line_buffering=True)
+        except (AttributeError, ValueError):
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _whole_lines(sys.stderr)
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "stacks", "hostlist") else None

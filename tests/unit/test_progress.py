@@ -64,3 +64,32 @@ def test_summary_lines() -> None:
                          "(3.2 s to its workers); per-rank logs: /tmp/logs on node1 (each node keeps its own)")
     failed = Summary(1, 8.0, ("node1", "node2"), (), {}, None, "rank 3 on node 1 (node2) exited with code 1")
     assert failed.line() == "hpctorch: failed after 8.0 s (exit 1): rank 3 on node 1 (node2) exited with code 1"
+
+
+def test_each_line_is_one_write_under_pythonunbuffered() -> None:
+    """With PYTHONUNBUFFERED, print writes the text and its newline apart; the ranks of one
+    step share one stderr, so their error lines met mid-line (seen under mpiexec in CI)."""
+    from hpctorch.cli import _whole_lines
+
+    class Recording(io.RawIOBase):
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data) -> int:  # type: ignore[no-untyped-def, override]
+            self.writes.append(bytes(data))
+            return len(data)
+
+    for whole in (False, True):
+        raw = Recording()
+        stream = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # as Python sets stderr up unbuffered
+        if whole:
+            _whole_lines(stream)
+        print("hpctorch: error: one; fix: two", file=stream)
+        print("second", file=stream)
+        if whole:
+            assert raw.writes == [b"hpctorch: error: one; fix: two\n", b"second\n"]
+        else:
+            assert raw.writes[:2] == [b"hpctorch: error: one; fix: two", b"\n"]  # the control
