@@ -91,3 +91,90 @@ def test_a_master_flag_naming_node_0_is_replaced_by_the_exchanged_address(tmp_pa
     write_master(master)  # node 0's record, for the same run id
     final = discover.plan_here(Options(master_addr="node1", nproc_per_node=1, rdzv_timeout=5, command=("x",)), env)
     assert final.master_addr == "198.18.0.1" and final.master_exchange is None
+
+
+def task_plans(tmp_path: Path, timeout: int = 10):  # type: ignore[no-untyped-def]
+    """Per task, 2 nodes x 2: (node 0's local rank 0, node 1's local ranks 0 and 1)."""
+    def at(task: int):  # type: ignore[no-untyped-def]
+        node = task // 2
+        allocation = Allocation(
+            launcher=slurm.LAUNCHER, nodes=("node1", "node2"), tasks_per_node=(2, 2), job_id="42", step_id="0",
+            node_rank=node, task_rank=task, local_task_rank=task % 2, submit_dir=str(tmp_path / "shared"),
+        )
+        host = facts(interfaces=(LO, MGMT, iface("hsn0", f"198.18.0.{node + 1}/24")), resolved=TRAP)
+        return make_plan(allocation, Options(mode="per-task", rdzv_timeout=timeout, command=("x",)), host)
+
+    return at(0), at(2), at(3)
+
+
+def counting_shared_reads(monkeypatch: pytest.MonkeyPatch, shared: Path) -> list[str]:
+    """Which thread read the shared file, each time (the node-local relay is not counted)."""
+    reads: list[str] = []
+    original = Path.read_text
+
+    def read_text(self: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if shared in self.parents:
+            reads.append(threading.current_thread().name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    return reads
+
+
+def test_per_task_one_rank_a_node_reads_the_shared_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("hpctorch.rendezvous.relay_dir", lambda: str(tmp_path / "node2-local"))
+    master, first, second = task_plans(tmp_path)
+    reads = counting_shared_reads(monkeypatch, tmp_path / "shared")
+    results: dict[str, str] = {}
+    readers = [threading.Thread(target=lambda p=plan, n=name: results.__setitem__(n, read_master(p)), name=name)
+               for plan, name in ((first, "local rank 0"), (second, "local rank 1"))]
+    for reader in readers:
+        reader.start()
+    time.sleep(0.5)  # both wait before node 0 writes
+    write_master(master)
+    for reader in readers:
+        reader.join(10)
+    assert results == {"local rank 0": "198.18.0.1", "local rank 1": "198.18.0.1"}
+    assert reads and set(reads) == {"local rank 0"}, reads
+
+
+def test_per_task_a_rank_without_its_local_rank_0_reads_the_shared_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container with a /tmp of its own: local rank 0's relay never shows; after the grace the
+    rank reads the shared file itself."""
+    monkeypatch.setattr("hpctorch.rendezvous.relay_dir", lambda: str(tmp_path / "private-tmp"))
+    monkeypatch.setattr("hpctorch.rendezvous.RELAY_GRACE_S", 0.3)
+    master, _, second = task_plans(tmp_path)
+    reads = counting_shared_reads(monkeypatch, tmp_path / "shared")
+    write_master(master)
+    assert read_master(second) == "198.18.0.1"
+    assert reads  # after the grace, from the shared file
+
+
+def test_per_task_a_relay_from_another_master_host_is_not_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A requeued run (same run id) on other nodes: the relay of the previous run names another node 0."""
+    local = tmp_path / "node2-local"
+    monkeypatch.setattr("hpctorch.rendezvous.relay_dir", lambda: str(local))
+    monkeypatch.setattr("hpctorch.rendezvous.RELAY_GRACE_S", 0.3)
+    master, _, second = task_plans(tmp_path)
+    local.mkdir()
+    (local / f"{second.run_id}.master.json").write_text(json.dumps({"run_id": second.run_id, "addr": "198.18.0.7", "host": "node7"}))
+    write_master(master)
+    assert read_master(second) == "198.18.0.1"
+
+
+def test_relays_of_earlier_jobs_are_swept_after_a_day(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    local = tmp_path / "node2-local"
+    monkeypatch.setattr("hpctorch.rendezvous.relay_dir", lambda: str(local))
+    local.mkdir()
+    old, recent, other = local / "slurm-7.0.master.json", local / "slurm-8.0.master.json", local / "faulthandler"
+    for path in (old, recent, other):
+        path.write_text("{}")
+    os.utime(old, (time.time() - 2 * 86400,) * 2)
+    os.utime(other, (time.time() - 2 * 86400,) * 2)
+    master, first, _ = task_plans(tmp_path)
+    write_master(master)
+    assert read_master(first) == "198.18.0.1"
+    assert not old.exists() and recent.exists() and other.exists()
+    assert (local / f"{first.run_id}.master.json").exists()
