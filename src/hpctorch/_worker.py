@@ -42,8 +42,25 @@ def dump_dir() -> str:
     rendezvous on one machine, the MPICH library name bridge)."""
     import tempfile
 
-    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-    return os.path.join(tempfile.gettempdir(), f"hpctorch-{uid}")
+    return os.path.join(tempfile.gettempdir(), f"hpctorch-{_user()}")
+
+
+def polling_root() -> str | None:
+    """Where a node's own processes meet through files they poll every few milliseconds:
+    /dev/shm, in memory and on this node whatever TMPDIR says (some sites point it at a shared
+    scratch file system), where it is there and writable; else None (the temporary directory)."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+
+
+def polling_dir() -> str:
+    """hpctorch's private directory for this user under ``polling_root``."""
+    root = polling_root()
+    return os.path.join(root, f"hpctorch-{_user()}") if root else dump_dir()
+
+
+def _user() -> str:
+    return str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
 
 
 def faulthandler_dir() -> str:

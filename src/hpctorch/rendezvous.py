@@ -10,7 +10,7 @@ one file; a reader stops at its first good read and polls with exponential backo
 jitter, from ``POLL_FIRST_S`` up to ``POLL_MAX_S``: at most ~38 reads in its first minute
 and 30 a minute after that, whatever the node count. Per task, one reader per node: local
 rank 0 reads the shared file and relays the record to the node's other ranks through a
-node-local file (8 ranks a node would otherwise make 8 readers a node); a rank that sees no
+node-local file (/dev/shm; 8 ranks a node would otherwise make 8 readers a node); a rank that sees no
 local rank 0 at work there within ``RELAY_GRACE_S`` (a container with a /tmp of its own)
 reads the shared file itself.
 """
@@ -71,10 +71,10 @@ def read_master(plan: Plan) -> str:
 
 
 def relay_dir() -> str:
-    """Node-local: hpctorch's private directory for this user on this node."""
-    from ._worker import dump_dir
+    """Node-local, in memory where it can be (``_worker.polling_dir``): the others poll it."""
+    from ._worker import polling_dir
 
-    return dump_dir()
+    return polling_dir()
 
 
 def _read_shared(plan: Plan, deadline: float, on_poll: Callable[[], None] | None = None) -> str:

@@ -70,12 +70,13 @@ def _hold_watch_port(plan: Plan) -> socket.socket:
 
 
 def _agreement_files(plan: Plan) -> tuple[str, str, str]:
-    """A node-local directory (the temporary one, not the log directory, which may be on a shared
-    file system: the waiting ranks and the helper poll the outcome's file), the node's plan in it,
-    for local rank 0's agreement check and the helper, and the outcome's file."""
+    """A node-local directory (in /dev/shm where it can be, not the log directory nor a TMPDIR that
+    may be on a shared file system: the waiting ranks and the helper poll the outcome's file), the
+    node's plan in it, for local rank 0's agreement check and the helper, and the outcome's file."""
+    from ._worker import polling_root
     from .nodewatch import paths
 
-    state = tempfile.mkdtemp(prefix="hpctorch-node-")
+    state = tempfile.mkdtemp(prefix="hpctorch-node-", dir=polling_root())
     plan_file, result = paths(state)
     with open(plan_file, "w", encoding="utf-8") as out:
         out.write(plan.to_json())

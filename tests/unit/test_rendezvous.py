@@ -178,3 +178,20 @@ def test_relays_of_earlier_jobs_are_swept_after_a_day(tmp_path: Path, monkeypatc
     assert read_master(first) == "198.18.0.1"
     assert not old.exists() and recent.exists() and other.exists()
     assert (local / f"{first.run_id}.master.json").exists()
+
+
+def test_files_a_node_polls_stay_in_memory_whatever_tmpdir_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some sites point TMPDIR at a shared scratch file system: the relay (and the supervisor's
+    agreement files) are polled every few milliseconds, so they live in /dev/shm where it is."""
+    import tempfile
+
+    from hpctorch import _worker
+    from hpctorch.rendezvous import relay_dir
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    (tmp_path / "scratch").mkdir()
+    if Path("/dev/shm").is_dir():
+        assert relay_dir().startswith("/dev/shm/hpctorch-")
+    monkeypatch.setattr(_worker, "polling_root", lambda: None)  # macOS, or no /dev/shm to write
+    assert relay_dir().startswith(str(tmp_path / "scratch"))
