@@ -8,11 +8,11 @@ torch's own TCP rendezvous takes over from there.
 At scale this must not bury a parallel file system: only node 0 (local rank 0) writes,
 one file; a reader stops at its first good read and polls with exponential backoff and
 jitter, from ``POLL_FIRST_S`` up to ``POLL_MAX_S``: at most ~38 reads in its first minute
-and 30 a minute after that, whatever the node count. Per task, one reader per node: local
-rank 0 reads the shared file and relays the record to the node's other ranks through a
-node-local file (/dev/shm; 8 ranks a node would otherwise make 8 readers a node); a rank that sees no
-local rank 0 at work there within ``RELAY_GRACE_S`` (a container with a /tmp of its own)
-reads the shared file itself.
+and 30 a minute after that, whatever the node count. Per task, one reader per node (8 ranks
+a node would otherwise make 8 readers a node): local rank 0 reads the shared file and relays
+the record to the node's other ranks through a node-local file (in /dev/shm); a rank that
+sees no local rank 0 at work there within ``RELAY_GRACE_S`` (a container with a /dev/shm of
+its own) reads the shared file itself.
 """
 
 from __future__ import annotations

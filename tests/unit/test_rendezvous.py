@@ -139,7 +139,7 @@ def test_per_task_one_rank_a_node_reads_the_shared_file(tmp_path: Path, monkeypa
 
 
 def test_per_task_a_rank_without_its_local_rank_0_reads_the_shared_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A container with a /tmp of its own: local rank 0's relay never shows; after the grace the
+    """A container with a /dev/shm of its own: local rank 0's relay never shows; after the grace the
     rank reads the shared file itself."""
     monkeypatch.setattr("hpctorch.rendezvous.relay_dir", lambda: str(tmp_path / "private-tmp"))
     monkeypatch.setattr("hpctorch.rendezvous.RELAY_GRACE_S", 0.3)
