@@ -120,7 +120,8 @@ def rows(times: dict[str, list[float]], reference: str) -> list[list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=5)
+    # 9, not 5: torchrun's median here moves 0.5 s between runs of 5 (4.5-5.0 s on two nodes).
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--smoke", action="store_true", help="one run of the one-node cases only")
     parser.add_argument("--no-cluster", action="store_true", help="simulate two nodes even when root")
     args = parser.parse_args(argv)
