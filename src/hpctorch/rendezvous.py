@@ -82,9 +82,8 @@ def _read_shared(plan: Plan, deadline: float, on_poll: Callable[[], None] | None
     path = Path(plan.master_exchange)
     pause = POLL_FIRST_S
     progress = Progress(plan.rdzv_timeout)
-    master = plan.nodes[0] if plan.nodes else "node 0"
     while True:
-        progress.tick(lambda: f"node {plan.node_rank}: waiting for {master} to write its address to {path}")
+        progress.tick(lambda: _waiting(plan))
         if on_poll:
             on_poll()
         record = _read_record(path)
@@ -103,10 +102,9 @@ def _read_relay(plan: Plan, relay: str, deadline: float) -> str | None:
     """The address local rank 0 relayed; None once no local rank 0 is seen at work."""
     started = time.monotonic()
     progress = Progress(plan.rdzv_timeout)
-    master = plan.nodes[0] if plan.nodes else "node 0"
     try:
         while True:
-            progress.tick(lambda: f"node {plan.node_rank}: waiting for {master} to write its address to {plan.master_exchange}")
+            progress.tick(lambda: _waiting(plan))
             record = _read_record(Path(relay))
             if _written_by_master(plan, record):
                 return str(record["addr"])  # type: ignore[index]
@@ -166,9 +164,17 @@ def _fresh(path: str) -> bool:
         return False
 
 
+def _master(plan: Plan) -> str:
+    return plan.nodes[0] if plan.nodes else "node 0"
+
+
+def _waiting(plan: Plan) -> str:
+    return f"node {plan.node_rank}: waiting for {_master(plan)} to write its address to {plan.master_exchange}"
+
+
 def _timed_out(plan: Plan) -> HpctorchError:
     path = Path(plan.master_exchange or "")
-    master = plan.nodes[0] if plan.nodes else "node 0"
+    master = _master(plan)
     return HpctorchError(
         f"waited {plan.rdzv_timeout} s for {master} to write its address to {path}",
         f"check that {master} started, that {path.parent.parent} is shared by all nodes, or pass --master-addr",
