@@ -43,8 +43,8 @@ def mpi(n: int, repeats: int) -> dict[str, float]:
 
 NODE = """
 import socket, sys, time
-from hpctorch.plan import Plan
-from hpctorch.rendezvous import read_master, write_master
+from hpctorch.plan.types import Plan
+from hpctorch.plan.rendezvous import read_master, write_master
 node, count, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 plan = Plan(mode="per-node", scheduler="hostfile", job_id=None, nodes=(socket.gethostname(),) + tuple(f"n{i}" for i in range(1, count)), node_rank=node,
             nproc_per_node=(1,) * count, master_addr="198.18.0.1" if node == 0 else None, master_port=29400, rdzv_backend="static",

@@ -20,8 +20,8 @@ import sys
 import threading
 import time
 
-from hpctorch.network import free_port
-from hpctorch.plan import Plan
+from hpctorch.host.network import free_port
+from hpctorch.plan.types import Plan
 
 from .common import PYTHON, ROOT, clean_env, save, table
 
@@ -64,8 +64,8 @@ def _store(port: int, master: bool):  # type: ignore[no-untyped-def]
 
 def client(first: int, last: int, nnodes: int, port: int, agree_port: int, idle_s: float) -> None:
     """One client process: simulated nodes ``first``..``last - 1``; prints its findings as JSON."""
-    from hpctorch import agreement
-    from hpctorch.watchdog import JobWatchdog
+    from hpctorch.guard import agreement
+    from hpctorch.guard.watchdog import JobWatchdog
 
     control = _store(port, False)
     # Agreement first: every node checks its plan against the others' (node 0 serves the store).

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hpctorch.network import free_port
+from hpctorch.host.network import free_port
 
-from .common import PYTHON, WORKER, clean_env, kill_trees, cluster_available, interleaved, save, summary, table
+from .common import PYTHON, WORKER, clean_env, cluster_available, interleaved, kill_trees, save, summary, table
 
 HPCTORCH = (PYTHON, "-m", "hpctorch", "run")
 TORCHRUN = (PYTHON, "-m", "torch.distributed.run")

@@ -19,16 +19,16 @@ def _run(argv: list[str]) -> float:
 
 
 def import_profile() -> tuple[float, list[tuple[str, float]], bool]:
-    """Import time of what `hpctorch plan` loads (hpctorch.cli, ms), its five most expensive
+    """Import time of what `hpctorch plan` loads (hpctorch.cli.main, ms), its five most expensive
     modules, and whether torch came in (``import hpctorch`` alone loads nothing: it is lazy)."""
-    done = timed([PYTHON, "-X", "importtime", "-c", "import hpctorch.cli"], env=clean_env())[1]
+    done = timed([PYTHON, "-X", "importtime", "-c", "import hpctorch.cli.main"], env=clean_env())[1]
     rows = []
     for line in done.stderr.splitlines():
         match = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
         if match:
             rows.append((match.group(4), int(match.group(2)) / 1e3, len(match.group(3))))
-    total = next(ms for name, ms, depth in rows if name == "hpctorch.cli")
-    top = sorted(((n, ms) for n, ms, d in rows if n != "hpctorch.cli"), key=lambda r: -r[1])[:5]
+    total = next(ms for name, ms, depth in rows if name == "hpctorch.cli.main")
+    top = sorted(((n, ms) for n, ms, d in rows if n != "hpctorch.cli.main"), key=lambda r: -r[1])[:5]
     return total, top, any(name == "torch" or name.startswith("torch.") for name, _, _ in rows)
 
 
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(table(["command", "median ms", "min / max ms", "minus python -c pass"],
                 [[n, f"{summary(v)['median']:.1f}", f"{summary(v)['min']:.1f} / {summary(v)['max']:.1f}", f"{summary(v)['median'] - base:.1f}"] for n, v in ms.items()]))
     total, top, torch_imported = import_profile()
-    print(f"\nimport hpctorch.cli: {total:.1f} ms cumulative; torch imported: {torch_imported}")
+    print(f"\nimport hpctorch.cli.main: {total:.1f} ms cumulative; torch imported: {torch_imported}")
     print(table(["module", "cumulative ms"], [[n, f"{t:.1f}"] for n, t in top]))
     if torch_imported:
         raise SystemExit("torch was imported by `import hpctorch`")

@@ -11,9 +11,9 @@ import time
 import tracemalloc
 from collections.abc import Sequence
 
-from hpctorch import network
-from hpctorch.facts import HostFacts
 from hpctorch import Options, make_plan
+from hpctorch.host import network
+from hpctorch.host.facts import HostFacts
 from hpctorch.schedulers import detect
 
 from .common import save, table

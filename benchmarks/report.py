@@ -63,7 +63,7 @@ def plan_latency(data: dict) -> str:
     rows = [[n, f"{summary(v)['median']:.1f}", f"{summary(v)['min']:.1f} / {summary(v)['max']:.1f}", f"{summary(v)['median'] - base:.1f}"] for n, v in ms.items()]
     top = ", ".join(f"{n} {t:.1f} ms" for n, t in data["import_top"])
     return (table(["command", "median ms", "min / max ms", "minus python -c pass, ms"], rows) +
-            f"\n\n`import hpctorch.cli` (what `hpctorch plan` loads): {data['import_ms']:.1f} ms cumulative (python -X importtime); most expensive: {top}. "
+            f"\n\n`import hpctorch.cli.main` (what `hpctorch plan` loads): {data['import_ms']:.1f} ms cumulative (python -X importtime); most expensive: {top}. "
             f"torch imported: {'yes' if data['torch_imported'] else 'no'}.")
 
 

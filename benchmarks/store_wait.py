@@ -20,8 +20,8 @@ import sys
 import threading
 import time
 
-from hpctorch import storewait
-from hpctorch.network import free_port
+from hpctorch.host.network import free_port
+from hpctorch.start import storewait
 
 from .common import PYTHON, ROOT, clean_env, save, table
 

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hpctorch.network import free_port
+from hpctorch.host.network import free_port
 
-from .common import PYTHON, ROOT, clean_env, kill_trees, cluster_available, interleaved, save, summary, table
+from .common import PYTHON, ROOT, clean_env, cluster_available, interleaved, kill_trees, save, summary, table
 
 COMPUTE = str(ROOT / "tests" / "fixtures" / "compute.py")
 

@@ -13,24 +13,24 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~10 ms)
 __version__ = "0.1.0"
 
 _WHERE = {
-    "Allocation": "allocation",
-    "Context": "initialize",
+    "Allocation": "schedulers.allocation",
+    "Context": "start.initialize",
     "HpctorchError": "errors",
-    "Options": "plan",
-    "Plan": "plan",
+    "Options": "plan.types",
+    "Plan": "plan.types",
     "detect": "schedulers",
-    "init": "initialize",
-    "make_plan": "decide",
+    "init": "start.initialize",
+    "make_plan": "plan.decide",
 }
 __all__ = ["Allocation", "Context", "HpctorchError", "Options", "Plan", "detect", "init", "make_plan"]  # = sorted(_WHERE)
 
 if TYPE_CHECKING:
-    from .allocation import Allocation
     from .errors import HpctorchError
-    from .initialize import Context, init
-    from .decide import make_plan
-    from .plan import Options, Plan
+    from .plan.decide import make_plan
+    from .plan.types import Options, Plan
     from .schedulers import detect
+    from .schedulers.allocation import Allocation
+    from .start.initialize import Context, init
 
 
 def __getattr__(name: str) -> object:

@@ -11,81 +11,24 @@ execs any other command. Before that it
 - with HPCTORCH_TIMINGS set (``--timings``), notes this worker's startup stages;
 - with HPCTORCH_FILE_STORE set (``--rdzv-backend file``), points env:// at that FileStore;
 - with HPCTORCH_AGREED set (several nodes started by hpctorch), checks that the nodes agree
-  before ``init_process_group`` (``worker_agreement``);
+  before ``init_process_group`` (``agreement_worker``);
 - with HPCTORCH_STACKS_DIR set, has Python's faulthandler write every thread's stack to
   ``DIR/<pid>.stack`` on ``STACK_SIGNAL``: ``hpctorch stacks`` then works where ptrace (py-spy)
   is not allowed. The file exists only once the handler is in place, so a process is never
   sent the signal before it can take it.
 
-Run as a file it imports only ``hpctorch.cpulist`` and ``hpctorch.storewait`` (and faulthandler,
-runpy: built in), and what the settings above ask for (torch's FileStore for the file backend).
+Run as a file (its path is stable: running jobs' command lines name it) it imports only
+``hpctorch.host.cpulist`` and ``hpctorch.start.storewait`` (and faulthandler, runpy: built in),
+and what the settings above ask for (``host.folders``/``host.signals`` for the faulthandler
+fallback, torch's FileStore for the file backend).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
-STACK_SIGNAL: int | None = (signal.SIGRTMIN + 7) if hasattr(signal, "SIGRTMIN") else getattr(signal, "SIGINFO", None)
-"""A signal nothing else in a training job uses: real-time on Linux, SIGINFO on macOS
-(SIGUSR1/2 belong to the job: Slurm's --signal and LSF's -wa send them to checkpoint)."""
 _kept: list[object] = []  # the open dump file must live as long as the process
-
-
-def stack_file(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"{pid}.stack")
-
-
-def dump_dir() -> str:
-    """hpctorch's private directory for this user on this node (stack files, the file
-    rendezvous on one machine, the MPICH library name bridge)."""
-    import tempfile
-
-    return os.path.join(tempfile.gettempdir(), f"hpctorch-{_user()}")
-
-
-def polling_root() -> str | None:
-    """Where a node's own processes meet through files they poll every few milliseconds:
-    /dev/shm, in memory and on this node whatever TMPDIR says (some sites point it at a shared
-    scratch file system), where it is there and writable; else None (the temporary directory)."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-
-
-def polling_dir() -> str:
-    """hpctorch's private directory for this user under ``polling_root``."""
-    root = polling_root()
-    return os.path.join(root, f"hpctorch-{_user()}") if root else dump_dir()
-
-
-def _user() -> str:
-    return str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-
-
-def faulthandler_dir() -> str:
-    """Where workers' faulthandler files go (``HPCTORCH_STACKS_DIR``); created here, and the
-    files of processes that are gone (killed before they could remove their own) removed."""
-    path = os.path.join(dump_dir(), "faulthandler")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    for name in os.listdir(path):
-        pid = name.removesuffix(".stack")
-        if pid.isdigit() and not _alive(int(pid)):
-            try:
-                os.remove(os.path.join(path, name))
-            except OSError:
-                pass
-    return path
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's: not ours to judge
-    return True
 
 
 def _apply_lists() -> None:
@@ -94,7 +37,7 @@ def _apply_lists() -> None:
     device_sets = os.environ.get("HPCTORCH_DEVICE_SETS", "").split(";")
     threads = os.environ.get("HPCTORCH_THREAD_COUNTS", "").split(",")
     if rank < len(cpu_sets) and cpu_sets[rank]:
-        from hpctorch.cpulist import bind_to
+        from hpctorch.host.cpulist import bind_to
 
         bind_to(cpu_sets[rank])
         os.environ["HPCTORCH_CPUS"] = cpu_sets[rank]
@@ -106,7 +49,12 @@ def _apply_lists() -> None:
 
 def _register_stack_dump() -> None:
     directory = os.environ.get("HPCTORCH_STACKS_DIR")
-    if not directory or STACK_SIGNAL is None:
+    if not directory:
+        return
+    from hpctorch.host.folders import stack_file
+    from hpctorch.host.signals import STACK_SIGNAL
+
+    if STACK_SIGNAL is None:
         return
     import faulthandler
 
@@ -149,20 +97,20 @@ def main() -> None:
     if argv[:1] == ["--exec"]:
         os.execvp(argv[1], argv[1:])
     _register_stack_dump()
-    from hpctorch import storewait
+    from hpctorch.start import storewait
 
     if storewait.needed(os.environ):  # first, so --timings sees the script's call before the wait
         storewait.install()
     if os.environ.get("HPCTORCH_TIMINGS"):  # hpctorch run --timings
-        from hpctorch.worker_timings import install
+        from hpctorch.timings_worker import install
 
         install()
     if os.environ.get("HPCTORCH_AGREED"):  # several nodes started by hpctorch (supervisor)
-        from hpctorch.worker_agreement import install as agree_first
+        from hpctorch.guard.agreement_worker import install as agree_first
 
         agree_first()
     if os.environ.get("HPCTORCH_FILE_STORE"):  # --rdzv-backend file
-        from hpctorch.filerdzv import env_by_file
+        from hpctorch.start.filestore import env_by_file
 
         env_by_file(os.environ["HPCTORCH_FILE_STORE"])
     _run_python(argv)

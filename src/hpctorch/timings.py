@@ -2,7 +2,7 @@
 
 This process notes when each of its stages ended, in seconds since it started (the
 process's own start, so imports count; no clock is compared between nodes). The marks
-travel to the workers in HPCTORCH_TIMINGS; each worker adds its own (``worker_timings``:
+travel to the workers in HPCTORCH_TIMINGS; each worker adds its own (``timings_worker``:
 Python up, rendezvous reached and done, first collective) and sends one record through the
 job's store; rank 0 prints, for each stage, the slowest node and rank.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from hpctorch.affinity import parse_cpulist
+from hpctorch.host.affinity import parse_cpulist
 
 from ..conftest import ROOT, clean_env, hpctorch, require, unprefixed
 

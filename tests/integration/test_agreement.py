@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctorch.network import free_port
+from hpctorch.host.network import free_port
 
 from ..conftest import ROOT, clean_env
 

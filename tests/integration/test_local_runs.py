@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctorch.network import free_port
+from hpctorch.host.network import free_port
 
 from ..conftest import EXAMPLES, ROOT, clean_env, hpctorch, unprefixed
 from .reports import reports
@@ -113,7 +113,7 @@ def test_thirty_two_single_node_jobs_at_once_never_collide() -> None:
 
 
 def test_plan_never_imports_torch() -> None:
-    code = "import sys; from hpctorch.cli import main; main(['plan', '--nproc-per-node', '2']); assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys; from hpctorch.cli.main import main; main(['plan', '--nproc-per-node', '2']); assert 'torch' not in sys.modules, 'torch imported'"
     done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 

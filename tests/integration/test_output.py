@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpctorch.network import free_port
+from hpctorch.host.network import free_port
 
 from ..conftest import ROOT, clean_env, hpctorch
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hpctorch.network import free_port
+from hpctorch.host.network import free_port
 
 from ..conftest import ROOT, clean_env
 
@@ -130,7 +130,7 @@ def test_the_watchdog_helper_outlives_the_signals_a_launcher_sends_the_step() ->
         deadline = time.monotonic() + 60
         while len(helpers) < 2 and time.monotonic() < deadline:  # a hang guard
             time.sleep(0.2)
-            helpers = [c for p in processes for c in psutil.Process(p.pid).children() if "hpctorch.nodewatch" in " ".join(c.cmdline())]
+            helpers = [c for p in processes for c in psutil.Process(p.pid).children() if "hpctorch.guard.nodewatch" in " ".join(c.cmdline())]
         assert len(helpers) == 2
         time.sleep(7)  # the helpers are watching (after the workers' agreement, 5 s at the latest)
         for helper in helpers:

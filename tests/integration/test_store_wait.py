@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctorch import storewait
-from hpctorch.launch import WORKER_ENTRY
-from hpctorch.network import free_port
+from hpctorch.host.network import free_port
+from hpctorch.start import storewait
+from hpctorch.start.launch import WORKER_ENTRY
 
 from ..conftest import clean_env
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from hpctorch.network import free_port
+from hpctorch.host.network import free_port
 
 from ..conftest import ROOT, clean_env, hpctorch, unprefixed
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from hpctorch import watchdog
-from hpctorch.network import free_port
-from hpctorch.plan import Plan
+from hpctorch.guard import watchdog
+from hpctorch.host.network import free_port
+from hpctorch.plan.types import Plan
 
 torch = pytest.importorskip("torch")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from hpctorch.facts import HostFacts
-from hpctorch.network import Interface
+from hpctorch.host.facts import HostFacts
+from hpctorch.host.network import Interface
 
 
 def iface(name: str, cidr: str, up: bool = True) -> Interface:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from hpctorch import agreement
-from hpctorch.plan import Plan
+from hpctorch.guard import agreement
+from hpctorch.plan.types import Plan
 
 
 def _plan(nnodes: int, node: int = 0, nproc: int = 4, names: str = "nid{:05d}") -> Plan:

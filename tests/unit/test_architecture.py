@@ -11,7 +11,7 @@ from hpctorch.schedulers import DETECTORS, hostfile, mpi, torchelastic
 
 PACKAGE = Path(hpctorch.__file__).parent
 # The job-script writer names the schedulers it writes scripts for; nothing else may.
-ALLOWED = {PACKAGE / "submit.py"}
+ALLOWED = {PACKAGE / "submit" / "jobscript.py"}
 
 
 def launcher_names() -> set[str]:

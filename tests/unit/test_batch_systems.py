@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hpctorch.allocation import Launched
-
-from hpctorch.errors import HpctorchError
 from hpctorch import Options, make_plan
+from hpctorch.errors import HpctorchError
 from hpctorch.schedulers import detect
+from hpctorch.schedulers.allocation import Launched
 
 from .helpers import facts
 

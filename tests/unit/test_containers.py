@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctorch import containers
+from hpctorch.host import containers
 
 
 @pytest.mark.parametrize("env, files, runtime", [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpctorch.diagnosis import table, verdicts
+from hpctorch.doctor.diagnosis import table, verdicts
 
 
 def _report(node: int, torch: str = "2.13.0", **extra: object) -> dict:
@@ -48,7 +48,7 @@ def test_nccl_failing_where_gloo_passed_points_at_nccl_settings() -> None:
 
 
 def test_container_verdicts_name_what_is_not_bound_in() -> None:
-    from hpctorch.diagnosis import _container_verdicts
+    from hpctorch.doctor.diagnosis import _container_verdicts
 
     report = {"node": 1, "host": "n2", "container": "apptainer",
               "shared_dir": {"path": "/lus/proj", "visible": False, "writable": False},

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpctorch.errors import HpctorchError
-from hpctorch.hostlist import compress, expand
+from hpctorch.schedulers.hostlist import compress, expand
 
 from ..conftest import require
 

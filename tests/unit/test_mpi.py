@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpctorch.allocation import Launched
-
-from hpctorch.bootstrap import from_records
 from hpctorch.errors import HpctorchError
+from hpctorch.plan.bootstrap import from_records
 from hpctorch.schedulers import detect
+from hpctorch.schedulers.allocation import Launched
 
 from .fixtures import load_env
 
@@ -79,7 +78,7 @@ def test_hydra_inside_a_slurm_step_is_mpi_and_srun_pmi_is_slurm() -> None:
 
 
 def test_mpi4py_is_asked_for_the_launchers_mpi_family_unless_the_user_chose() -> None:
-    from hpctorch import bootstrap
+    from hpctorch.plan import bootstrap
     from hpctorch.schedulers import detect
 
     hydra = {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1", "PMI_FD": "6"}

@@ -7,8 +7,9 @@ import socket
 
 import pytest
 
-from hpctorch import network
 from hpctorch.errors import HpctorchError
+from hpctorch.host import network
+from hpctorch.schedulers import job_port
 
 from .helpers import HSN, LO, MGMT, iface
 
@@ -35,16 +36,16 @@ def test_malformed_cidr_is_a_clear_error() -> None:
 
 
 def test_derived_ports_are_stable_in_range_and_distinct_for_nearby_jobs() -> None:
-    ports = {network.derive_port(str(job)) for job in range(100000, 101250)}
+    ports = {job_port.derive_port(str(job)) for job in range(100000, 101250)}
     assert len(ports) == 1250
-    assert all(network.PORT_BASE <= p < network.PORT_BASE + network.PORT_SPAN for p in ports)
-    assert network.derive_port("123", "0") != network.derive_port("123", "1")
-    pbs = [network.derive_port(f"{job}.pbs01") for job in range(1200, 1300)]
+    assert all(job_port.PORT_BASE <= p < job_port.PORT_BASE + job_port.PORT_SPAN for p in ports)
+    assert job_port.derive_port("123", "0") != job_port.derive_port("123", "1")
+    pbs = [job_port.derive_port(f"{job}.pbs01") for job in range(1200, 1300)]
     assert len(set(pbs)) == len(pbs)  # 1234.pbs01 and 1259.pbs01 used to meet
-    assert network.derive_port("1234[5]") != network.derive_port("12345")
-    siblings = [network.derive_port(f"1234[{index}].pbs01") for index in range(100)]
+    assert job_port.derive_port("1234[5]") != job_port.derive_port("12345")
+    siblings = [job_port.derive_port(f"1234[{index}].pbs01") for index in range(100)]
     assert len(set(siblings)) == len(siblings)
-    assert len({network.derive_port(f"{job}_{index}") for job in (77, 78) for index in range(50)}) == 100
+    assert len({job_port.derive_port(f"{job}_{index}") for job in (77, 78) for index in range(50)}) == 100
 
 
 def test_derived_ports_are_the_same_in_every_process_whatever_the_hash_seed() -> None:
@@ -52,10 +53,10 @@ def test_derived_ports_are_the_same_in_every_process_whatever_the_hash_seed() ->
     import sys
 
     ids = ["123", "1234.pbs01", "1234[5]", "f2Ab3", "kube-run-7"]
-    code = f"from hpctorch.network import derive_port; print([derive_port(i, '1') for i in {ids!r}])"
+    code = f"from hpctorch.schedulers.job_port import derive_port; print([derive_port(i, '1') for i in {ids!r}])"
     seen = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True,
                            text=True, check=True).stdout for seed in ("0", "1", "4242")}
-    assert seen == {f"{[network.derive_port(i, '1') for i in ids]}\n"}
+    assert seen == {f"{[job_port.derive_port(i, '1') for i in ids]}\n"}
 
 
 def test_port_is_free_sees_a_listening_socket() -> None:

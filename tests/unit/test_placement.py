@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctorch import affinity, devices
-from hpctorch.errors import HpctorchError
 from hpctorch import Options, make_plan
+from hpctorch.errors import HpctorchError
+from hpctorch.host import affinity, devices
 from hpctorch.schedulers import detect
 
 from .helpers import facts

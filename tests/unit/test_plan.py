@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from hpctorch.allocation import Allocation
-from hpctorch.errors import HpctorchError
 from hpctorch import Options, Plan, make_plan
+from hpctorch.errors import HpctorchError
+from hpctorch.plan.render import table
 from hpctorch.schedulers import detect, slurm
 from hpctorch.schedulers import local as local_launcher
+from hpctorch.schedulers.allocation import Allocation
 
 from .helpers import facts
 
@@ -39,7 +40,7 @@ def test_single_node_default_is_one_worker_on_loopback_with_os_chosen_port() -> 
     assert (worker.rank, worker.local_rank) == (0, 0)
     # Per node, torch's agent sets the torch variables; the plan claims only what hpctorch sets.
     assert "RANK" not in worker.env and "MASTER_PORT" not in worker.env
-    assert "torch's elastic agent sets each worker's RANK" in plan.table()
+    assert "torch's elastic agent sets each worker's RANK" in table(plan)
     assert plan.command == PY
 
 
@@ -164,7 +165,7 @@ def test_plan_round_trips_through_json() -> None:
 
 
 def test_table_shows_every_decision_with_its_reason() -> None:
-    text = make_plan(local(), Options(nnodes=2, node_rank=0, master_port=29400, command=PY), facts()).table()
+    text = table(make_plan(local(), Options(nnodes=2, node_rank=0, master_port=29400, command=PY), facts()))
     for expected in ("per-node", "198.18.0.2", "29400", "hsn0", "fast fabric", "world size 2", "python -u train.py"):
         assert expected in text
 
@@ -179,7 +180,7 @@ def test_nodes_started_by_hand_agree_on_the_run_id() -> None:
 
 
 def test_standalone_is_this_machine_alone_as_with_torchrun() -> None:
-    from hpctorch.discover import plan_here
+    from hpctorch.plan.discover import plan_here
 
     batch = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2"}
     assert plan_here(Options(command=PY), batch, exchange=False).mode == "relaunch"
@@ -239,7 +240,7 @@ def test_several_nodes_are_started_by_hpctorch_unless_torchs_agent_is_needed() -
 
 
 def test_the_watchdog_port_differs_by_run_and_master_port() -> None:
-    from hpctorch import ports
+    from hpctorch.plan import ports
 
     assert ports.watch_port("slurm-42", 29400) == ports.watch_port("slurm-42", 29400)
     assert len({ports.watch_port("slurm-42", p) for p in range(29400, 29420)}) > 15

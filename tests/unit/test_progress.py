@@ -6,11 +6,11 @@ import io
 import time
 
 from hpctorch import Options, make_plan
-from hpctorch.agreement import waiting_for
+from hpctorch.guard.agreement import waiting_for
+from hpctorch.guard.summary import Summary
+from hpctorch.plan.render import banner
 from hpctorch.progress import Progress
-from hpctorch.render import banner
 from hpctorch.schedulers import detect
-from hpctorch.summary import Summary
 
 from .fixtures import load_env
 from .helpers import facts
@@ -69,7 +69,7 @@ def test_summary_lines() -> None:
 def test_each_line_is_one_write_under_pythonunbuffered() -> None:
     """With PYTHONUNBUFFERED, print writes the text and its newline apart; the ranks of one
     step share one stderr, so their error lines met mid-line (seen under mpiexec in CI)."""
-    from hpctorch.cli import _whole_lines
+    from hpctorch.cli.main import _whole_lines
 
     class Recording(io.RawIOBase):
         def __init__(self) -> None:

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from hpctorch.allocation import Allocation
-from hpctorch.errors import HpctorchError
 from hpctorch import Options, make_plan
-from hpctorch.rendezvous import read_master, write_master
+from hpctorch.errors import HpctorchError
+from hpctorch.plan.render import table
+from hpctorch.plan.rendezvous import read_master, write_master
 from hpctorch.schedulers import slurm
+from hpctorch.schedulers.allocation import Allocation
 
 from .helpers import LO, MGMT, facts, iface
 
@@ -34,11 +35,11 @@ def plans(tmp_path: Path, timeout: int = 10, master_addr: str | None = None):  #
 
 def test_node0_writes_and_node1_reads_the_fabric_address(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The writer names itself as the scheduler does: its own gethostname() may differ.
-    monkeypatch.setattr("hpctorch.rendezvous.socket.gethostname", lambda: "nid-in-a-container")
+    monkeypatch.setattr("hpctorch.plan.rendezvous.socket.gethostname", lambda: "nid-in-a-container")
     master, other = plans(tmp_path)
     assert master.master_exchange == other.master_exchange == str(tmp_path / ".hpctorch" / "slurm-42.0.master.json")
     assert (master.master_addr, other.master_addr) == ("198.18.0.1", None)
-    assert "(read at start from" in other.table()
+    assert "(read at start from" in table(other)
     reader = threading.Thread(target=lambda: results.append(read_master(other)))
     results: list = []
     reader.start()
@@ -80,7 +81,7 @@ def test_a_file_from_a_previous_run_on_another_master_host_is_ignored(tmp_path: 
 
 
 def test_a_master_flag_naming_node_0_is_replaced_by_the_exchanged_address(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpctorch import discover
+    from hpctorch.plan import discover
 
     env = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_JOB_NODELIST": "node[1-2]",
            "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "SLURM_NODEID": "1",
@@ -122,7 +123,7 @@ def counting_shared_reads(monkeypatch: pytest.MonkeyPatch, shared: Path) -> list
 
 
 def test_per_task_one_rank_a_node_reads_the_shared_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("hpctorch.rendezvous.relay_dir", lambda: str(tmp_path / "node2-local"))
+    monkeypatch.setattr("hpctorch.plan.rendezvous.relay_dir", lambda: str(tmp_path / "node2-local"))
     master, first, second = task_plans(tmp_path)
     reads = counting_shared_reads(monkeypatch, tmp_path / "shared")
     results: dict[str, str] = {}
@@ -141,8 +142,8 @@ def test_per_task_one_rank_a_node_reads_the_shared_file(tmp_path: Path, monkeypa
 def test_per_task_a_rank_without_its_local_rank_0_reads_the_shared_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A container with a /dev/shm of its own: local rank 0's relay never shows; after the grace the
     rank reads the shared file itself."""
-    monkeypatch.setattr("hpctorch.rendezvous.relay_dir", lambda: str(tmp_path / "private-tmp"))
-    monkeypatch.setattr("hpctorch.rendezvous.RELAY_GRACE_S", 0.3)
+    monkeypatch.setattr("hpctorch.plan.rendezvous.relay_dir", lambda: str(tmp_path / "private-tmp"))
+    monkeypatch.setattr("hpctorch.plan.rendezvous.RELAY_GRACE_S", 0.3)
     master, _, second = task_plans(tmp_path)
     reads = counting_shared_reads(monkeypatch, tmp_path / "shared")
     write_master(master)
@@ -153,8 +154,8 @@ def test_per_task_a_rank_without_its_local_rank_0_reads_the_shared_file(tmp_path
 def test_per_task_a_relay_from_another_master_host_is_not_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A requeued run (same run id) on other nodes: the relay of the previous run names another node 0."""
     local = tmp_path / "node2-local"
-    monkeypatch.setattr("hpctorch.rendezvous.relay_dir", lambda: str(local))
-    monkeypatch.setattr("hpctorch.rendezvous.RELAY_GRACE_S", 0.3)
+    monkeypatch.setattr("hpctorch.plan.rendezvous.relay_dir", lambda: str(local))
+    monkeypatch.setattr("hpctorch.plan.rendezvous.RELAY_GRACE_S", 0.3)
     master, _, second = task_plans(tmp_path)
     local.mkdir()
     (local / f"{second.run_id}.master.json").write_text(json.dumps({"run_id": second.run_id, "addr": "198.18.0.7", "host": "node7"}))
@@ -166,7 +167,7 @@ def test_relays_of_earlier_jobs_are_swept_after_a_day(tmp_path: Path, monkeypatc
     import os
 
     local = tmp_path / "node2-local"
-    monkeypatch.setattr("hpctorch.rendezvous.relay_dir", lambda: str(local))
+    monkeypatch.setattr("hpctorch.plan.rendezvous.relay_dir", lambda: str(local))
     local.mkdir()
     old, recent, other = local / "slurm-7.0.master.json", local / "slurm-8.0.master.json", local / "faulthandler"
     for path in (old, recent, other):
@@ -185,13 +186,13 @@ def test_files_a_node_polls_stay_in_memory_whatever_tmpdir_says(tmp_path: Path, 
     agreement files) are polled every few milliseconds, so they live in /dev/shm where it is."""
     import tempfile
 
-    from hpctorch import _worker
-    from hpctorch.rendezvous import relay_dir
+    from hpctorch.host import folders
+    from hpctorch.plan.rendezvous import relay_dir
 
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
     monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     (tmp_path / "scratch").mkdir()
     if Path("/dev/shm").is_dir():
         assert relay_dir().startswith("/dev/shm/hpctorch-")
-    monkeypatch.setattr(_worker, "polling_root", lambda: None)  # macOS, or no /dev/shm to write
+    monkeypatch.setattr(folders, "polling_root", lambda: None)  # macOS, or no /dev/shm to write
     assert relay_dir().startswith(str(tmp_path / "scratch"))

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hpctorch import config
-from hpctorch.errors import HpctorchError
 from hpctorch import Options, make_plan
+from hpctorch.errors import HpctorchError
+from hpctorch.host import config
+from hpctorch.plan.render import table
 from hpctorch.schedulers import detect
 
 from .helpers import LO, MGMT, facts, iface
@@ -34,8 +35,8 @@ def test_cluster_name_selects_the_profile_and_its_environment() -> None:
     assert plan.iface == "hsn0"
     assert plan.common_env["NCCL_NET_GDR_LEVEL"] == "PHB" and plan.common_env["NCCL_CROSS_NIC"] == "1"
     assert plan.sources["profile"].startswith("polaris (SLURM_CLUSTER_NAME=polaris;")
-    table = plan.table(explain=True)
-    assert "  site        polaris" in table and "docs.alcf.anl.gov" in table
+    text = table(plan, explain=True)
+    assert "  site        polaris" in text and "docs.alcf.anl.gov" in text
 
 
 def test_host_name_pattern_selects_a_profile() -> None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpctorch import hostlist
-from hpctorch.allocation import Launched
-from hpctorch.errors import HpctorchError
 from hpctorch import Options, make_plan
-from hpctorch.schedulers import detect
+from hpctorch.errors import HpctorchError
+from hpctorch.schedulers import detect, hostlist
+from hpctorch.schedulers.allocation import Launched
 from hpctorch.schedulers.slurm import parse_tasks_per_node
 
 from .fixtures import load_env
@@ -190,7 +189,7 @@ def test_batch_script_relaunches_every_rank_when_slurm_can_start_and_bind_them()
 
 
 def test_relaunched_ranks_do_not_get_nproc_per_node_again() -> None:
-    from hpctorch.cli import _parser, _without_nproc
+    from hpctorch.cli.main import _parser, _without_nproc
 
     argv = ["run", "--nproc-per-node", "4", "--nproc_per_node=4", "--timings", "train.py", "--nproc-per-node", "7"]
     args = _parser("run").parse_args(argv)

@@ -8,9 +8,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hpctorch import stackgroups
-from hpctorch.launch import WORKER_ENTRY, worker_command
-from hpctorch.stackdump import Frame, RankStack, Thread, Worker, parse_faulthandler
+from hpctorch.stacks import groups
+from hpctorch.stacks.dump import Frame, RankStack, Thread, Worker, parse_faulthandler
+from hpctorch.start.launch import WORKER_ENTRY, worker_command
 
 SITE = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
 
@@ -42,8 +42,8 @@ def test_identical_stacks_collapse_and_the_odd_one_comes_first() -> None:
     waiting = [("all_reduce", SITE, 3252), ("train_step", "/home/u/train.py", 42)]
     node1 = [stack(0, "n1", waiting), stack(1, "n1", waiting)]
     node2 = [stack(2, "n2", waiting), stack(3, "n2", [("stuck_here", "/home/u/train.py", 16), ("main", "/home/u/train.py", 30)])]
-    merged = stackgroups.merge([stackgroups.groups(node1), stackgroups.groups(node2)])
-    lines = stackgroups.summary(merged, 2, "/tmp/d.txt")
+    merged = groups.merge([groups.groups(node1), groups.groups(node2)])
+    lines = groups.summary(merged, 2, "/tmp/d.txt")
     assert lines[0] == "hpctorch: stacks: 4 rank(s) on 2 node(s), by py-spy; 2 different:"
     assert lines[1] == "  rank 3 (n2): stuck_here train.py:16"
     assert lines[2] == "  ranks 0-2 (n[1-2]): all_reduce ← train_step train.py:42"
@@ -51,17 +51,17 @@ def test_identical_stacks_collapse_and_the_odd_one_comes_first() -> None:
 
 
 def test_an_exited_worker_is_reported_as_exited() -> None:
-    merged = stackgroups.merge([stackgroups.groups([stack(5, "n3", [], note="exited")])])
-    assert stackgroups.summary(merged, 1, None)[1] == "  rank 5 (n3): exited"
+    merged = groups.merge([groups.groups([stack(5, "n3", [], note="exited")])])
+    assert groups.summary(merged, 1, None)[1] == "  rank 5 (n3): exited"
 
 
 def test_ranks_are_written_as_ranges() -> None:
-    assert stackgroups.ranks_text([0, 1, 2, 5, 7, 8]) == "ranks 0-2,5,7-8"
-    assert stackgroups.ranks_text([4]) == "rank 4"
+    assert groups.ranks_text([0, 1, 2, 5, 7, 8]) == "ranks 0-2,5,7-8"
+    assert groups.ranks_text([4]) == "rank 4"
 
 
 def test_full_dump_names_every_rank_and_thread() -> None:
-    text = stackgroups.full_text([stack(1, "n1", [("f", "/a.py", 3)]), stack(0, "n1", [("g", "/b.py", 4)])])
+    text = groups.full_text([stack(1, "n1", [("f", "/a.py", 3)]), stack(0, "n1", [("g", "/b.py", 4)])])
     assert text.index("=== rank 0") < text.index("=== rank 1")
     assert 'File "/b.py", line 4, in g' in text
 
@@ -101,6 +101,6 @@ def test_native_frames_stay_in_the_dump_but_do_not_name_the_stack() -> None:
     native = ("c10d::ProcessGroupGloo::allreduce", "/site-packages/torch/lib/libtorch_cpu.so", 0)
     plain = stack(0, "n1", [("all_reduce", SITE, 3252), ("train_step", "/home/u/train.py", 42)])
     mixed = stack(1, "n1", [native, ("all_reduce", SITE, 3252), ("train_step", "/home/u/train.py", 42)])
-    (group,) = stackgroups.merge([stackgroups.groups([plain, mixed])])
+    (group,) = groups.merge([groups.groups([plain, mixed])])
     assert group["ranks"] == [0, 1] and group["text"] == "all_reduce ← train_step train.py:42"
-    assert "libtorch_cpu.so" in stackgroups.full_text([mixed])
+    assert "libtorch_cpu.so" in groups.full_text([mixed])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpctorch.errors import HpctorchError
-from hpctorch.submit import JobRequest, parse_signal, parse_time, render
+from hpctorch.submit.jobscript import JobRequest, parse_signal, parse_time, render
 
 from ..fixtures import submit_cases
 
@@ -65,8 +65,8 @@ def test_signals_and_unsupported_combinations() -> None:
 
 
 def test_cli_knows_every_scheduler_submit_knows() -> None:
-    from hpctorch.cli import _parser
-    from hpctorch.submit import SUBMIT_COMMANDS
+    from hpctorch.cli.main import _parser
+    from hpctorch.submit.jobscript import SUBMIT_COMMANDS
 
     for name in SUBMIT_COMMANDS:
         args = _parser("submit").parse_args(["submit", "--nodes", "1", "--time", "1", "--scheduler", name, "t.py"])
@@ -82,7 +82,7 @@ def test_lsf_wall_time_rounds_up_to_whole_minutes() -> None:
 
 
 def test_grid_engines_qsub_is_not_taken_for_pbs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpctorch.submit import default_scheduler
+    from hpctorch.submit.jobscript import default_scheduler
 
     qsub = tmp_path / "qsub"
     qsub.write_text("#!/bin/sh\n")

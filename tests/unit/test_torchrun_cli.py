@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctorch.cli import _options, _parser
+from hpctorch.cli.main import _options, _parser
+from hpctorch.cli.torchrun import not_python
 from hpctorch.errors import HpctorchError
-from hpctorch.torchrun_cli import not_python
 
 run = pytest.importorskip("torch.distributed.run")
 
@@ -74,8 +74,8 @@ def test_bad_torchrun_values_are_one_line(argv: list[str], words: str) -> None:
 
 def test_agent_options_reach_torchs_launch_config() -> None:
     from hpctorch import Options, make_plan
-    from hpctorch.launch import _launch_config
     from hpctorch.schedulers import local
+    from hpctorch.start.launch import _launch_config
 
     from .helpers import facts
 

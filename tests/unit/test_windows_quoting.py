@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from hpctorch.render import command_line
+from hpctorch.plan.render import command_line
 
 CASES = [
     ([r"C:\Program Files\Python311\python.exe", "-u", r"C:\my data\train.py"],

@@ -1,10 +1,16 @@
-"""Launcher detection: an ordered registry of modules, first match wins.
+"""Stage 1, detect: what the launcher granted (``allocation.Allocation``) and how it behaves
+(``Launcher``), one module per launcher; ``hostlist`` (Slurm's host list syntax) and
+``job_port`` (a port every node derives from the job id) beside them.
+
+Detection is an ordered registry of modules, first match wins.
 
 Each module reads an environment mapping and returns an ``Allocation`` (or None), with
 no side effects, and describes its launcher's behaviours in a ``Launcher``. The order
 encodes precedence (shared/DESIGN.md): a launcher that set torch's variables wins over
 everything, an MPI launched inside a batch job wins over the job's own variables,
 ``local`` always matches. ``hostfile`` is not here: it reads a file the user names.
+
+May import: the package root's modules (``errors``). Never torch.
 """
 
 from __future__ import annotations
@@ -12,8 +18,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ..allocation import Allocation, Launched
 from . import flux, k8s, local, lsf, mpi, pbs, sge, slurm, torchelastic
+from .allocation import Allocation, Launched
 
 DETECTORS = (
     k8s,  # before torchelastic: there RANK is the pod's (node's) index

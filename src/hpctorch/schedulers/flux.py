@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation, Launched, Launcher
+from .allocation import Allocation, Launched, Launcher
 
 LAUNCHER = Launcher("flux")
 from ..errors import HpctorchError

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from ..allocation import Allocation, Launcher
 from ..errors import HpctorchError
-from ..network import derive_port
+from .allocation import Allocation, Launcher
+from .job_port import derive_port
 
 _LINE = re.compile(r"^(?P<host>[^\s:#=]+)(?::(?P<colon>\d+))?(?P<pairs>(?:\s+[\w-]+\s*=\s*\d+)*)$")
 _PAIR = re.compile(r"([\w-]+)\s*=\s*(\d+)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation, Launcher
+from .allocation import Allocation, Launcher
 
 LAUNCHER = Launcher("kubeflow")
 from ._parse import check_rank, env_int

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 
-from ..allocation import Allocation, Launcher
+from .allocation import Allocation, Launcher
 
 LAUNCHER = Launcher("local", numbers_nodes=False)
 

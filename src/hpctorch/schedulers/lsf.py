@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation, Launcher, launched_by_tasks
 from ..errors import HpctorchError
 from ._hostfiles import group_slots, read_slot_file
 from ._parse import check_rank, env_int
+from .allocation import Allocation, Launcher, launched_by_tasks
 
 LAUNCHER = Launcher("lsf", requeue=("brequeue",))
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation, Launched, Launcher
 from ..errors import HpctorchError
 from ._parse import check_rank, env_int
+from .allocation import Allocation, Launched, Launcher
 
 # (launcher, rank, size, local rank, local size, node index or None)
 OPEN_MPI = ("libmpi.so.40",)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation, Launched, Launcher
 from ..errors import HpctorchError
 from ._hostfiles import group_slots, read_slot_file
 from ._parse import check_rank, env_int
+from .allocation import Allocation, Launched, Launcher
 
 LAUNCHER = Launcher("pbs", requeue=("qrerun",))
 PALS = Launcher("pbs", requeue=("qrerun",), relaunch=("mpiexec", "-n", "{nnodes}", "--ppn", "1"),

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..allocation import Allocation, Launcher
 from ..errors import HpctorchError
+from .allocation import Allocation, Launcher
 
 LAUNCHER = Launcher("sge")
 

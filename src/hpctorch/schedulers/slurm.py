@@ -17,10 +17,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from .. import hostlist
-from ..allocation import Allocation, Launched, Launcher, launched_by_tasks
 from ..errors import HpctorchError
+from . import hostlist
 from ._parse import check_rank, env_int
+from .allocation import Allocation, Launched, Launcher, launched_by_tasks
 
 LAUNCHER = Launcher(
     "slurm",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..allocation import Allocation, Launched, Launcher
+from .allocation import Allocation, Launched, Launcher
 
 TORCHRUN = Launcher("torchrun")
 BY_HAND = Launcher("env")

@@ -1,0 +1,59 @@
+"""The closing summary node 0 prints when a per-node job ends, and its JSON form."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from ..plan.types import Plan
+from ..schedulers import hostlist
+
+
+@dataclass(frozen=True)
+class Summary:
+    exit_code: int
+    wall_s: float
+    nodes: tuple[str, ...]
+    succeeded: tuple[int, ...]
+    """Node ranks whose workers all exited 0 (as their watchdogs said)."""
+    start_s: Mapping[int, float] = field(default_factory=dict)
+    """Seconds from each node's hpctorch start to its workers' start."""
+    logs: str | None = None
+    failure: str | None = None
+
+    @classmethod
+    def of(cls, plan: Plan, exit_code: int, wall_s: float, final: Mapping[str, Mapping[int, object]],
+           logs: str | None, failure: str | None) -> "Summary":
+        names = plan.nodes or tuple(f"node {n}" for n in range(plan.nnodes))
+        done = final.get("done") or ({0: exit_code == 0} if plan.nnodes == 1 else {})
+        return cls(exit_code, wall_s, tuple(names), tuple(n for n, ok in sorted(done.items()) if ok),
+                   {int(n): float(s) for n, s in (final.get("start_s") or {}).items()}, logs, failure)  # type: ignore[arg-type]
+
+    def line(self) -> str:
+        if self.exit_code == 0:
+            where = f"all {len(self.nodes)} node(s) ({hostlist.display(self.nodes)})"
+            if not self.succeeded:
+                where = "this node (the others' state could not be read)"
+            elif len(self.succeeded) != len(self.nodes):
+                others = [self.nodes[n] for n in range(len(self.nodes)) if n not in self.succeeded]
+                where = f"this node; not heard from: {hostlist.display(others)}"
+            text = f"hpctorch: finished in {self.wall_s:.1f} s, exit 0 on {where}"
+        else:
+            text = f"hpctorch: failed after {self.wall_s:.1f} s (exit {self.exit_code}): {self.failure or 'see above'}"
+        if self.start_s:
+            slowest = max(self.start_s, key=lambda n: self.start_s[n])
+            text += f"; slowest start: {self.nodes[slowest]} ({self.start_s[slowest]:.1f} s to its workers)"
+        if self.logs:
+            where = f" on {self.nodes[0]} (each node keeps its own)" if len(self.nodes) > 1 else ""
+            text += f"; per-rank logs: {self.logs}{where}"
+        return text
+
+    def write_json(self, path: str) -> None:
+        data = asdict(self)
+        data["start_s"] = {self.nodes[n]: s for n, s in self.start_s.items()}
+        data["succeeded"] = [self.nodes[n] for n in self.succeeded]
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(data, out, indent=2)
+            out.write("\n")
+

@@ -1,0 +1,364 @@
+"""Whole-job teardown for per-node mode, through the store every agent already shares.
+
+torch's static rendezvous serves a TCPStore on the master (multi-tenant), and each
+node's agent is its client. The watchdog is one more client per node, under the key
+prefix ``hpctorch/<run id>/``. Where hpctorch starts the workers itself, the same watchdog
+runs in a helper process per node against a store node 0's helper serves (``nodewatch``).
+Its load on the store is constant per node, whatever the node count (shared/DESIGN.md,
+scale rules):
+- every node, every ``POLL_S``: one ``add`` of 0 to the job's ``state`` counter (1: node 0
+  finished, 2 or more: aborted), and every ``BEAT_EVERY`` polls one ``add`` to its own
+  counter ``beat/<node>``: 2.5 requests per second per node, whatever N (10,000 nodes:
+  25,000 small requests per second on node 0's store);
+- node 0 alone judges: one ``multi_get`` of all counters per ``POLL_S``. A counter that
+  stops moving for ``SILENT_AFTER_S`` (a frozen node, or its link down) names the node
+  in ``abort``. Counters are compared against node 0's clock only (no clock skew).
+- ``abort``: a one-line summary, set by the node whose workers failed or by node 0's
+  verdict, then 2 added to ``state``; every node that reads that stops its workers through
+  the torch agent's own SIGTERM handling, and adds one to ``ack``.
+- a node whose workers all succeeded sets its counter to ``done``; node 0 also adds 1 to
+  ``state``, so a node still finishing when node 0's store goes away is not alarmed.
+Node 0 serves the store: before its agent exits it waits (at most ``LINGER_S``) until
+every node has read the abort, or finished, so nobody sees "store gone" instead of the cause,
+then prints the survivors' stacks every node took at teardown (``stacks.job``).
+
+With ``--stall-timeout`` every node also adds one to ``out/<node>`` in a poll where its
+workers' output grew, and reads the counter ``stacks/want`` (one request); node 0 reads every
+``out`` in one ``multi_get``. When none moved for the timeout, node 0 asks for a dump (adds
+one to ``stacks/want``: each node answers once, then again only after output resumed and
+stalled again) or, with ``--stall-action kill``, sets ``abort``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..plan.types import Plan
+
+POLL_S = 0.5
+BEAT_EVERY = 4
+"""Polls per heartbeat: a beat every 2 s, five in the silence window; the abort is read every poll."""
+SILENT_AFTER_S = 10.0
+UNREACHABLE_AFTER_S = 3.0
+STORE_TIMEOUT_S = 2
+LINGER_S = 5.0
+DONE = b"done"
+FINISHED, ABORTED = 1, 2
+"""Values of the ``state`` counter: node 0 adds 1 when its workers succeeded, a node that
+aborts adds 2 (so any value from 2 up means aborted, whatever else happened)."""
+NEVER_BEAT_S = 60.0
+"""Where the workers start before the watchdog (``nodewatch``): how long after every node's
+workers were known to run (their agreement) a node may take to send its first heartbeat (its
+helper imports torch then: slow from a loaded shared file system)."""
+COLLECT_S = 3.0
+"""How long node 0 waits for the other nodes' part of a stack dump."""
+
+
+@dataclass(frozen=True)
+class StallWatch:
+    """``--stall-timeout``: seconds without output from any rank, what to do then, and how
+    big this node's captured output is now."""
+
+    seconds: float
+    kill: bool
+    output_size: Callable[[], int]
+
+
+class JobWatchdog:
+    def __init__(self, plan: Plan, connect_timeout_s: float, on_abort: Callable[[str], None] | None = None,
+                 startup_s: float | None = None, stacks=None, stall: StallWatch | None = None,  # type: ignore[no-untyped-def]
+                 endpoint: tuple[str, int] | None = None, all_up: Callable[[], float | None] | None = None) -> None:
+        """``on_abort(reason)`` stops this node's workers; by default SIGTERM to this
+        process, which the torch agent turns into stopping its workers. ``endpoint``: the
+        store watched, when not the master's (``nodewatch``). ``all_up()``: when (monotonic) every
+        node was known to be running, if it was, from which a node never heard from is named."""
+        self.all_up = all_up
+        self.plan = plan
+        self.endpoint = endpoint or (plan.master_addr or "", plan.master_port)
+        self.connected = threading.Event()
+        """Set once this node reached the store (and stays set)."""
+        self.on_abort = on_abort or (lambda _reason: os.kill(os.getpid(), signal.SIGTERM))
+        self.prefix = f"hpctorch/{plan.run_id}/"
+        self.connect_timeout_s = connect_timeout_s
+        self.reason: str | None = None
+        self.requests = 0
+        """Store requests this node's watchdog made (the scale benchmark reads it)."""
+        self._store = None
+        self._acked = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpctorch-watchdog", daemon=True)
+        self._beats = [f"{self.prefix}beat/{n}" for n in range(plan.nnodes)] if plan.is_master else []
+        self.startup_s = startup_s
+        """Seconds from this node's hpctorch start to its workers' start; node 0 reads every node's."""
+        self.final: dict[str, dict[int, object]] = {}
+        """Node 0, once finished: each node's last state ("done" or not) and start-up seconds."""
+        self.stacks = stacks
+        """This node's ``stacks.job.NodeStacks``: stall and teardown dumps."""
+        self.stall = stall
+        self.teardown_lines: list[str] = []
+        """Node 0, after an abort: the grouped stacks every node took at teardown."""
+        self._outs = [f"{self.prefix}out/{n}" for n in range(plan.nnodes)] if plan.is_master else []
+        self._output = -1
+        self._wanted = 0
+
+    def start(self) -> "JobWatchdog":
+        if self.plan.nnodes > 1 or self.stall is not None:
+            self._thread.start()
+        return self
+
+    @property
+    def store(self):  # type: ignore[no-untyped-def]
+        """This node's connection to the master's store, while watching (else None)."""
+        return self._store
+
+    def report_failure(self, summary: str) -> None:
+        """Tell every node that this one failed (best effort: the store may be gone)."""
+        self._finish(self.prefix + "abort", summary)
+
+    def _set_abort(self, store, reason: str) -> None:  # type: ignore[no-untyped-def]
+        store.set(self.prefix + "abort", reason)  # the reason first: a reader of state then finds it
+        store.add(self._state_key, ABORTED)
+
+    def finished(self) -> None:
+        self._finish(self._beat_key(), DONE.decode())
+
+    @property
+    def _state_key(self) -> str:
+        return self.prefix + "state"
+
+    def close(self) -> None:
+        """Stop watching without telling anyone (the abort is already in the store)."""
+        self._finish(None, "")
+
+    def _beat_key(self) -> str:
+        return f"{self.prefix}beat/{self.plan.node_rank}"
+
+    def _finish(self, key: str | None, value: str) -> None:
+        # Join before the last write and before this process exits: a daemon thread
+        # left inside a C++ store call at interpreter shutdown aborts the process.
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=STORE_TIMEOUT_S + POLL_S + 1)
+        store, self._store = self._store, None
+        if store is None:
+            return
+        try:
+            if key is not None and key.endswith("abort"):
+                self._set_abort(store, value)
+                self._ack(store)
+            elif key is not None:
+                store.set(key, value)
+                if value == DONE.decode() and self.plan.is_master:
+                    store.add(self._state_key, FINISHED)
+            if self.plan.is_master:
+                self._linger(store)
+                self.final = self._read_final(store)
+                if self.stacks is not None and self.stacks.teardown is not None and store.check([self.prefix + "abort"]):
+                    self.teardown_lines = self.stacks.teardown_summary(store, COLLECT_S)
+                    store.set(self._collected_key, "1")
+            elif self.stacks is not None and self.stacks.teardown is not None and store.check([self.prefix + "abort"]):
+                # Until node 0 has read this node's stacks: a launcher that kills the whole step
+                # when one task exits (srun --kill-on-bad-exit) would cut node 0 short.
+                deadline = time.monotonic() + LINGER_S + COLLECT_S
+                while time.monotonic() < deadline and not store.check([self._collected_key]):
+                    time.sleep(POLL_S / 5)
+        except Exception:  # noqa: BLE001 - the store's host may have exited first
+            pass
+
+    @property
+    def _collected_key(self) -> str:
+        return self.prefix + "stacks/teardown/collected"
+
+    def _read_final(self, store) -> dict[str, dict[int, object]]:  # type: ignore[no-untyped-def]
+        """Two requests whatever N: every node's counter, and its start-up time if all wrote one."""
+        states = {n: (value == DONE) for n, value in enumerate(store.multi_get(self._beats))} if store.check(self._beats) else {}
+        starts = [f"{self.prefix}start/{n}" for n in range(self.plan.nnodes)]
+        seconds = {n: float(v) for n, v in enumerate(store.multi_get(starts))} if store.check(starts) else {}
+        return {"done": states, "start_s": seconds}
+
+    def _ack(self, store) -> None:  # type: ignore[no-untyped-def]
+        if not self._acked:
+            self._acked = True
+            store.add(self.prefix + "ack", 1)
+
+    def _linger(self, store) -> None:  # type: ignore[no-untyped-def]
+        """Node 0: keep serving until every node read the abort or finished (bounded)."""
+        deadline = time.monotonic() + LINGER_S
+        while time.monotonic() < deadline:
+            aborted = store.check([self.prefix + "abort"])
+            if aborted and store.add(self.prefix + "ack", 0) >= self.plan.nnodes:
+                return
+            if not aborted and all(v == DONE for v in store.multi_get(self._beats)):
+                return
+            time.sleep(POLL_S / 5)
+
+    def _connect(self):  # type: ignore[no-untyped-def]
+        from torch.distributed import TCPStore
+
+        from ..host.network import connect
+
+        deadline = time.monotonic() + self.connect_timeout_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if not connect(self.endpoint[0], self.endpoint[1], STORE_TIMEOUT_S)["ok"]:
+                time.sleep(POLL_S)  # a plain connect first: torch's client logs a C++ trace for every refusal
+                continue
+            try:
+                return TCPStore(self.endpoint[0], self.endpoint[1], is_master=False,
+                                timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
+            except Exception:  # noqa: BLE001 - not up yet; the rendezvous reports a real failure
+                time.sleep(POLL_S)
+        return None
+
+    def _abort(self, store, reason: str) -> None:  # type: ignore[no-untyped-def]
+        self.reason = reason
+        self._stop.set()
+        try:
+            self._ack(store)
+        except Exception:  # noqa: BLE001 - the store may be the thing that failed
+            pass
+        self.on_abort(reason)
+
+    def _run(self) -> None:
+        store = self._connect()
+        if store is None:
+            return
+        self._store = store
+        self.connected.set()
+        if self.startup_s is not None:
+            try:
+                store.set(f"{self.prefix}start/{self.plan.node_rank}", f"{self.startup_s:.3f}")  # once per node
+            except Exception:  # noqa: BLE001 - only the closing summary misses it
+                pass
+        judge = Judge(self.plan, self.stall, self.all_up) if self.plan.is_master else None
+        if self.stall is not None:
+            try:
+                store.add(f"{self.prefix}out/{self.plan.node_rank}", 0)  # exists before this node's first beat
+            except Exception:  # noqa: BLE001 - the loop below reports a store that is gone
+                pass
+        last_ok = time.monotonic()
+        master_finished = False
+        polls = 0
+        while not self._stop.wait(POLL_S):
+            now = time.monotonic()
+            try:
+                if polls % BEAT_EVERY == 0:
+                    self.requests += 1
+                    store.add(self._beat_key(), 1)
+                polls += 1
+                self.requests += 1
+                state = store.add(self._state_key, 0)
+                if state >= ABORTED:
+                    self.requests += 1
+                    if not self._stop.is_set():
+                        self._abort(store, store.get(self.prefix + "abort").decode())
+                    return
+                master_finished = state == FINISHED
+                if judge is not None:
+                    self.requests += 1
+                    reason = judge.verdict(store, self._beats, now) or judge.stalled(store, self._outs, now)
+                    if reason:
+                        self._set_abort(store, reason)
+                        self._abort(store, reason)
+                        return
+                if self.stall is not None:
+                    self._watch_output(store)
+                last_ok = now
+            except Exception:  # noqa: BLE001 - the master's store went away
+                if self._stop.is_set() or master_finished:
+                    return  # node 0's workers all succeeded and its agent left: ours finish too
+                if now - last_ok > UNREACHABLE_AFTER_S:
+                    self._abort(store, f"the master's store at {self.endpoint[0]}:{self.endpoint[1]} is gone (node 0 failed?)")
+                    return
+
+    def _watch_output(self, store) -> None:  # type: ignore[no-untyped-def]
+        """One request (``want``), plus one when this node's output grew; a dump when asked."""
+        assert self.stall is not None
+        size = self.stall.output_size()
+        if size != self._output:
+            self._output = size
+            self.requests += 1
+            store.add(f"{self.prefix}out/{self.plan.node_rank}", 1)
+        self.requests += 1
+        wanted = store.add(f"{self.prefix}stacks/want", 0)
+        if wanted <= self._wanted or self.stacks is None:
+            return
+        self._wanted = wanted
+        from ..stacks.job import publish
+
+        own = self.stacks.take(f"stall{wanted}")
+        if not self.plan.is_master:
+            publish(store, f"{self.stacks.prefix}stall{wanted}/", [self.plan.node_rank], own[0])
+            return
+        title = f"no rank wrote any output for {self.stall.seconds:.0f} s (--stall-timeout); the job goes on; stacks"
+        import sys
+
+        print("\n".join(self.stacks.lines(store, f"stall{wanted}", own, COLLECT_S, title)), file=sys.stderr, flush=True)
+
+
+class Judge:
+    """Node 0's view of every node's counters: who went silent, and whether all went quiet."""
+
+    def __init__(self, plan: Plan, stall: StallWatch | None = None, all_up: Callable[[], float | None] | None = None) -> None:
+        self.plan = plan
+        self.all_up = all_up
+        self.stall = stall
+        self.all_started = False
+        self.last_seen: dict[int, tuple[bytes, float]] = {}
+        self.output: tuple[list[bytes], float] | None = None
+        self.dumped = False
+
+    def stalled(self, store, outs: list[str], now: float) -> str | None:  # type: ignore[no-untyped-def]
+        """No node's output grew for the stall timeout: ask for a dump (once per stall), or
+        with kill return the reason to abort."""
+        if self.stall is None or not self.all_started:
+            return None
+        counts = store.multi_get(outs)
+        if self.output is None or counts != self.output[0]:
+            self.output, self.dumped = (counts, now), False
+            return None
+        if self.dumped or now - self.output[1] < self.stall.seconds:
+            return None
+        self.dumped = True
+        reason = f"no rank wrote any output for {self.stall.seconds:.0f} s (--stall-timeout)"
+        if self.stall.kill:
+            return reason
+        store.add(f"hpctorch/{self.plan.run_id}/stacks/want", 1)
+        return None
+
+    def verdict(self, store, beats: list[str], now: float) -> str | None:  # type: ignore[no-untyped-def]
+        if not self.all_started:
+            # One request until every node has beaten once: the rendezvous timeout covers a late
+            # start, or, where the workers started first (nodewatch), NEVER_BEAT_S after all were up.
+            self.all_started = store.check(beats)
+            up = self.all_up() if self.all_up is not None and not self.all_started else None
+            if up is not None and now - up > NEVER_BEAT_S:
+                missing = [n for n, key in enumerate(beats) if not store.check([key])]  # once, at the verdict
+                if missing:
+                    host = self.plan.nodes[missing[0]] if self.plan.nodes else f"node {missing[0]}"
+                    return (f"node {missing[0]} ({host}) never reached the watchdog's store: no heartbeat {NEVER_BEAT_S:.0f} s "
+                            f"after every node's workers started" + (f" ({len(missing)} node(s) in all)" if len(missing) > 1 else ""))
+            return None
+        for node, value in enumerate(store.multi_get(beats)):
+            if value == DONE:
+                continue
+            count, since = self.last_seen.get(node, (b"", now))
+            if value != count:
+                self.last_seen[node] = (value, now)
+            elif now - since > SILENT_AFTER_S:
+                host = self.plan.nodes[node] if self.plan.nodes else f"node {node}"
+                return f"node {node} ({host}) went silent: no heartbeat for {SILENT_AFTER_S:.0f} s"
+        return None
+
+def logged_bytes(root: str | None) -> int:
+    """Bytes the workers have written to their captured output so far (torch's per-rank
+    ``stdout.log``/``stderr.log`` under ``root``): a few stat calls per poll."""
+    total = 0
+    for where, _dirs, files in os.walk(root or ""):
+        total += sum(os.path.getsize(os.path.join(where, f)) for f in files if f.endswith(".log"))
+    return total

@@ -1,0 +1,14 @@
+"""The signals hpctorch gives a meaning to on this operating system."""
+
+from __future__ import annotations
+
+import signal
+
+PREEMPT_SIGNALS: tuple[int, ...] = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name))
+"""What schedulers send before they preempt or end a job (Slurm's --signal, LSF's -wa);
+Windows has neither."""
+
+STACK_SIGNAL: int | None = (signal.SIGRTMIN + 7) if hasattr(signal, "SIGRTMIN") else getattr(signal, "SIGINFO", None)
+"""A signal nothing else in a training job uses: real-time on Linux, SIGINFO on macOS
+(SIGUSR1/2 belong to the job: Slurm's --signal and LSF's -wa send them to checkpoint).
+A worker's faulthandler writes every thread's stack when it gets it."""

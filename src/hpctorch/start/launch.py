@@ -1,0 +1,389 @@
+"""Acting on a Plan: per-node through torch's elastic launcher, per-task by exec."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from ..errors import HpctorchError
+from ..host import network
+from ..host.signals import PREEMPT_SIGNALS
+from ..plan.types import ROLE, Plan, is_python
+
+STOP_GRACE_S = 3
+WORKER_ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_worker.py")  # a stable path: running jobs name it
+
+
+class WorkersFailed(Exception):
+    """Training processes failed; ``line`` names the first failure."""
+
+    def __init__(self, line: str, exit_code: int = 1) -> None:
+        super().__init__(line)
+        self.line = line
+        self.exit_code = exit_code
+
+
+def check_master_port(plan: Plan) -> None:
+    """On the master, a fixed port must be free before anything starts."""
+    if not plan.is_master or not plan.master_port or plan.simulated:
+        return
+    if plan.mode == "per-task" and plan.workers and plan.workers[0].rank != 0:
+        return  # rank 0 on this node binds the port, perhaps already
+    if plan.mode == "unchanged":
+        return  # the launcher that set every variable (torchrun's agent) holds it
+    if not network.port_is_free("", plan.master_port):
+        why = plan.reasons.get("master_port", "")
+        raise HpctorchError(
+            f"master port {plan.master_port} ({why}) is already in use on this node",
+            "pass another --master-port, or stop the process that holds it (ss -ltnp)",
+        )
+
+
+def worker_command(command: Sequence[str], per_rank_lists: bool) -> tuple[str, ...]:
+    """What each worker runs: a Python script or module through ``_worker.py`` (in the same
+    process: it registers the faulthandler ``hpctorch stacks`` falls back on, and applies
+    per-rank CPU and device lists); another command through it only for those lists."""
+    if is_python(command):
+        return (command[0], "-u", WORKER_ENTRY, *command[2:])
+    if per_rank_lists:
+        return (sys.executable, WORKER_ENTRY, "--exec", *command)
+    return tuple(command)
+
+
+def _stacks_env(env: dict[str, str]) -> None:
+    from ..host.folders import faulthandler_dir
+
+    try:
+        env.setdefault("HPCTORCH_STACKS_DIR", faulthandler_dir())
+    except OSError:
+        pass  # no fallback for hpctorch stacks; py-spy still works
+
+
+def _file_store_env(plan: Plan, env: dict[str, str]) -> None:
+    """``--rdzv-backend file``: the workers' FileStore (``filestore``), and the agents' backend."""
+    if plan.rdzv_backend != "file":
+        return
+    from . import filestore
+
+    directory = plan.rdzv_conf["path"]
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise HpctorchError(f"--rdzv-backend file: cannot create {directory}: {exc.strerror}", "give a writable directory with --rdzv-endpoint DIR") from None
+    env[filestore.WORKERS_ENV] = filestore.paths(directory, plan.run_id)[1]
+    if plan.mode == "per-node":
+        filestore.register()
+
+
+def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None:
+    """Replace this process with the worker: no extra process, no torch import."""
+    env = dict(os.environ if base_env is None else base_env)
+    env.update(plan.workers[0].env)
+    from ..host.cpulist import bind_to
+
+    bind_to(env.get("HPCTORCH_CPUS", ""))  # the exec keeps it
+    command = worker_command(plan.command, per_rank_lists=False)
+    if command != tuple(plan.command):
+        _stacks_env(env)
+        _file_store_env(plan, env)
+        from .. import timings
+
+        timings.mark("exec of the rank")
+        env.update(timings.worker_env(plan.node_rank, _host(plan)))
+    try:
+        os.execvpe(command[0], list(command), env)
+    except OSError as exc:
+        raise HpctorchError(f"cannot start {plan.command[0]!r}: {exc.strerror}", "check the command and PATH") from None
+
+
+def exec_relaunch(plan: Plan, hpctorch_argv: Sequence[str]) -> None:
+    """From a batch script: become ``srun ... hpctorch <same arguments>``, one per node."""
+    command = [*plan.relaunch, sys.executable, "-m", "hpctorch", *hpctorch_argv]
+    print(f"hpctorch: {plan.reasons['mode']}", file=sys.stderr, flush=True)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        raise HpctorchError(
+            f"cannot start {command[0]!r} to launch the job step: {exc.strerror}",
+            f"run '{' '.join(plan.relaunch)} hpctorch run ...' in the job script yourself",
+        ) from None
+
+
+def _logs_specs(plan: Plan, log_dir: str | None, tee: str | None, redirects: str | None, console_ranks: set[int] | None,  # type: ignore[no-untyped-def]
+                local_ranks: set[int] | None = None):
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+
+    specs_class = DefaultLogsSpecs
+    if plan.agent.get("logs_specs"):  # torchrun's --logs-specs: an entry point name
+        from torch.distributed.run import _get_logs_specs_class
+
+        specs_class = _get_logs_specs_class(str(plan.agent["logs_specs"]))
+    local_filter = local_ranks
+    if console_ranks is not None:
+        base = sum(plan.nproc_per_node[: plan.node_rank])
+        local_filter = {rank - base for rank in console_ranks if 0 <= rank - base < plan.nproc_per_node[plan.node_rank]}
+        # torch reads an empty filter as "show everyone"; -1 matches no local rank.
+        local_filter = local_filter or {-1}
+    return specs_class(
+        log_dir=log_dir,
+        redirects=Std.from_str(redirects or "0"),
+        tee=Std.from_str(tee or "0"),
+        local_ranks_filter=local_filter,
+    )
+
+
+def _host(plan: Plan) -> str:
+    import socket
+
+    return plan.nodes[plan.node_rank] if plan.nodes and plan.node_rank < len(plan.nodes) else socket.gethostname()
+
+
+def line_prefix(plan: Plan) -> str:
+    """torch's per-line prefix template: the global rank, and the node when there are several."""
+    if plan.nnodes == 1:
+        return "[rank ${rank}]: "
+    if not plan.node_rank_known:
+        import socket
+
+        where = socket.gethostname()
+    else:
+        where = plan.nodes[plan.node_rank] if plan.nodes else f"node {plan.node_rank}"
+    return f"[{where} rank ${{rank}}]: "
+
+
+def run_per_node(
+    plan: Plan,
+    log_dir: str | None = None,
+    tee: str | None = None,
+    redirects: str | None = None,
+    requeue: bool = False,
+    prefix: bool = True,
+    console_ranks: set[int] | None = None,
+    quiet: bool = False,
+    summary_json: str | None = None,
+    local_ranks: set[int] | None = None,
+    stall: tuple[float, str] | None = None,
+) -> None:
+    """Start this node's workers with torch's elastic agent and wait for them.
+
+    With ``prefix`` (the default) every line a worker prints reaches the terminal as
+    ``[host rank R]: line`` and is also kept per rank under ``log_dir`` (a temporary
+    directory unless given): torch's tee does both. Node 0 ends with a one-line summary
+    (unless ``quiet``), also written as JSON to ``summary_json``. ``stall`` is
+    ``--stall-timeout`` and ``--stall-action``. When the job is torn down, node 0 first prints
+    the stacks the surviving workers were in.
+    """
+    from torch.distributed.launcher.api import elastic_launch
+
+    assert plan.master_addr is not None, "the exchange runs before the final plan"
+    os.environ.update(plan.common_env)
+    _stacks_env(os.environ)  # type: ignore[arg-type]
+    _file_store_env(plan, os.environ)  # type: ignore[arg-type]
+    specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)
+    config = _launch_config(plan, specs, prefix)
+    if plan.max_restarts and plan.rdzv_backend == "c10d":
+        # torch's c10d rendezvous shares one store with the workers across restarts, and a
+        # node restarted by a peer's failure keeps its restart count, so restarted workers
+        # read the dead ones' addresses (pytorch/pytorch#135712, #167288); torch's opt-out
+        # gives each round a fresh store.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError
+
+    from ..guard import agreement
+    from ..guard.watchdog import JobWatchdog, StallWatch, logged_bytes
+    from ..stacks.job import NodeStacks, install_teardown_capture
+
+    # Held until the launch returns: torch's static rendezvous serves through it. Under torch's
+    # c10d rendezvous the store is its host's (maybe not node 0): no agreement check there.
+    master_store = None  # noqa: F841
+    if plan.nnodes > 1 and plan.watched and plan.rdzv_backend == "static":
+        master_store = agreement.check(plan, plan.rdzv_timeout)  # noqa: F841
+    elif plan.rdzv_conf.get("is_host") == "true":
+        # torch's c10d rendezvous serves the store from here; opened first (multi-tenant, torch
+        # reuses it) so it outlives the launch and node 0 can tell every node how the job ended.
+        master_store = agreement.open_store(plan, plan.rdzv_timeout, serve=True)  # noqa: F841
+    from .. import timings
+
+    timings.mark("agreement done" if plan.nnodes > 1 and plan.watched and plan.rdzv_backend == "static" else "store ready")
+    os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
+    started = _process_start()
+    stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
+    watch = StallWatch(stall[0], stall[1] == "kill", lambda: logged_bytes(specs.root_log_dir)) if stall else None
+
+    def stop_workers(_reason: str) -> None:
+        # SIGTERM to this process: torch's agent stops its workers. Not while it already
+        # does (this node failed too): a signal then would cut its teardown short.
+        if not stacks.tearing_down:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def restarting() -> None:
+        stacks.tearing_down = False
+
+    watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, on_abort=stop_workers, startup_s=time.time() - started,
+                           stacks=stacks, stall=watch)
+    install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=restarting if plan.max_restarts else lambda: None)
+    if plan.watched:
+        watchdog.start()
+    preempted = _forward_preemption_to_children()
+    failure: WorkersFailed | None = None
+    try:
+        command = worker_command(plan.command, any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS")))
+        elastic_launch(config, command[0])(*command[1:])
+    except ChildFailedError as exc:
+        rank, first = exc.get_first_failure()
+        code = first.exitcode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        where = first.error_file if os.path.exists(first.error_file) else (log_dir or "its output above")
+        host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes else ""
+        node = f" on node {plan.node_rank}{host}" if plan.nnodes > 1 else ""
+        line = f"rank {rank}{node} (local rank {first.local_rank}) {how}; details: {where}"
+        watchdog.report_failure(line)
+        _requeue_if_preempted(plan, preempted, requeue)
+        failure = WorkersFailed(line, exit_code=128 - code if code < 0 else 1)
+    except SignalException as exc:
+        if watchdog.reason:
+            watchdog.close()
+            failure = WorkersFailed(f"stopped: {watchdog.reason}", exit_code=1)
+        else:
+            # The agent already stopped its workers; say so once and keep 128+signal.
+            watchdog.report_failure(f"node {plan.node_rank} was stopped by {exc.sigval.name}")
+            failure = WorkersFailed(f"stopped by {exc.sigval.name}", exit_code=128 + int(exc.sigval))
+    except RendezvousClosedError:
+        # A node that used up its restarts closes torch's rendezvous; the others learn it here.
+        watchdog.close()
+        failure = WorkersFailed(f"stopped: {watchdog.reason or 'another node ran out of restarts and closed the rendezvous'}", exit_code=1)
+    except (DistError, RendezvousError, RuntimeError) as exc:
+        watchdog.report_failure(f"node {plan.node_rank} could not join the rendezvous")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HpctorchError(
+            f"rendezvous at {plan.master_addr}:{plan.master_port or '(any)'} failed: {first}",
+            "check that every node runs the same job, that the master is reachable on "
+            f"{plan.iface or 'the chosen interface'} (hpctorch plan shows why it was chosen), "
+            "or raise --rdzv-timeout",
+        ) from None
+    else:
+        watchdog.finished()
+        _requeue_if_preempted(plan, preempted, requeue)
+    if plan.is_master and failure is not None and stacks.teardown is not None and not quiet:
+        lines = watchdog.teardown_lines or stacks.teardown_summary()
+        if lines:
+            print("\n".join(lines), file=sys.stderr, flush=True)
+    if plan.is_master and (summary_json or not quiet):
+        from ..guard.summary import Summary
+
+        summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, watchdog.final,
+                             specs.root_log_dir, failure.line if failure else None)
+        if not quiet:
+            print(summary.line(), file=sys.stderr, flush=True)
+        if summary_json:
+            summary.write_json(summary_json)
+    if failure is not None:
+        if plan.rdzv_backend == "file" and plan.is_master:
+            from .filestore import remove
+
+            remove(plan.rdzv_conf["path"], plan.run_id)  # a failed run's stores would confuse the next one
+        raise failure
+
+
+def _launch_config(plan: Plan, specs, prefix: bool):  # type: ignore[no-untyped-def]
+    """torch's LaunchConfig for this node: hpctorch's choices, then torchrun's agent options as given."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    if plan.rdzv_backend in ("static", "file"):
+        rdzv_configs: dict[str, object] = {"rank": plan.node_rank, "timeout": plan.rdzv_timeout}
+    else:
+        rdzv_configs = {"join_timeout": plan.rdzv_timeout}
+    rdzv_configs.update(plan.rdzv_conf)
+    settings: dict[str, object] = dict(
+        min_nodes=plan.min_nodes or plan.nnodes,
+        max_nodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node[plan.node_rank],
+        run_id=plan.run_id,
+        role=ROLE,
+        rdzv_endpoint=f"{plan.master_addr}:{plan.master_port}",
+        rdzv_backend=plan.rdzv_backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=plan.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        # This node's address in torch's rendezvous (its own on the chosen interface); without
+        # it torch uses getfqdn(), which on many hosts resolves to 127.0.1.1 or a management network.
+        local_addr=plan.local_addr or plan.master_addr,
+        logs_specs=specs,
+        log_line_prefix_template=line_prefix(plan) if prefix else None,
+        # Workers get SIGTERM first; a job being torn down must not wait 30 s for SIGKILL.
+        shutdown_timeout=STOP_GRACE_S,
+    )
+    agent = {k: v for k, v in plan.agent.items() if k != "logs_specs"}
+    if agent.get("numa_options"):
+        from torch.numa.binding import AffinityMode, NumaOptions
+
+        agent["numa_options"] = NumaOptions(affinity_mode=AffinityMode(agent["numa_options"]))
+    settings.update(agent)
+    return LaunchConfig(**settings)
+
+
+def _process_start() -> float:
+    """When this hpctorch process started (seconds since the epoch): wall time and start-up
+    figures count from there, not from the launch."""
+    from ..timings import start_time
+
+    return start_time()
+
+
+
+
+
+def signal_groups(processes: Sequence[subprocess.Popen], sig: int) -> None:
+    """``sig`` to each live process's group (a worker's data loaders, an agent's workers),
+    or to the process alone where there are no groups (Windows)."""
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, sig) if hasattr(os, "killpg") else process.send_signal(sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _forward_preemption_to_children() -> list[int]:
+    """Pass SIGUSR1/SIGUSR2 (Slurm's --signal, LSF's -wa) on to every worker, so their
+    handlers can checkpoint; the agent itself keeps running. Returns the signals seen."""
+    import psutil
+
+    seen: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        seen.append(signum)
+        for child in psutil.Process().children():
+            try:
+                child.send_signal(signum)
+            except psutil.Error:
+                pass
+
+    for sig in PREEMPT_SIGNALS:
+        signal.signal(sig, forward)
+    return seen
+
+
+def _requeue_if_preempted(plan: Plan, preempted: Sequence[int], requeue: bool) -> None:
+    """After a preemption signal, node 0 asks the scheduler to requeue the job."""
+    if not (requeue and preempted and plan.node_rank == 0 and plan.job_id):
+        return
+    command = list(plan.requeue)
+    if not command:
+        print(f"hpctorch: --requeue: {plan.scheduler} has no requeue command; not requeued", file=sys.stderr)
+        return
+    try:
+        done = subprocess.run([*command, plan.job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"hpctorch: --requeue: {command[0]} failed: {exc}", file=sys.stderr)
+        return
+    outcome = "requeued" if done.returncode == 0 else f"not requeued: {done.stderr.strip()}"
+    print(f"hpctorch: preempted by {signal.Signals(preempted[0]).name}; job {plan.job_id} {outcome}", file=sys.stderr, flush=True)

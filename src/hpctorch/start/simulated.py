@@ -1,0 +1,101 @@
+"""``--simulate-nodes N``: N node agents on this machine, each running the per-node plan a
+real node would get (``launch.run_per_node``), on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ..errors import HpctorchError
+from ..host.signals import PREEMPT_SIGNALS
+from ..plan.types import Plan
+from .launch import STOP_GRACE_S, WorkersFailed, run_per_node, signal_groups
+
+PLAN_ENV = "HPCTORCH_AGENT_PLAN"
+OUTPUT_ENV = "HPCTORCH_AGENT_OUTPUT"
+SIMULATED_TEARDOWN_S = 15.0
+"""After one simulated node failed: how long the others get to end by themselves."""
+
+
+def run_agent_from_env() -> int:
+    """Entry point of one simulated node's agent: run the plan handed over in the env."""
+    plan = Plan.from_dict(json.loads(os.environ.pop(PLAN_ENV)))
+    log_dir = os.environ.pop("HPCTORCH_AGENT_LOG_DIR", None)
+    output = json.loads(os.environ.pop(OUTPUT_ENV, "{}"))
+    from .. import timings
+
+    timings.enable_from(bool(output.get("timings")))
+    console = output.get("console_ranks")
+    try:
+        run_per_node(plan, log_dir=log_dir, prefix=output.get("prefix", True), console_ranks=set(console) if console is not None else None,
+                     quiet=output.get("quiet", False), summary_json=output.get("summary_json"),
+                     local_ranks=set(output["local_ranks"]) if output.get("local_ranks") is not None else None,
+                     stall=tuple(output["stall"]) if output.get("stall") else None)  # type: ignore[arg-type]
+    except (HpctorchError, WorkersFailed) as exc:
+        print(f"hpctorch node {plan.node_rank}: {exc}", file=sys.stderr, flush=True)
+        return getattr(exc, "exit_code", 2)
+    return 0
+
+
+def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None,
+                  quiet: bool = False, summary_json: str | None = None, local_ranks: set[int] | None = None,
+                  stall: tuple[float, str] | None = None) -> None:
+    """One agent process per simulated node; when one fails, stop them all."""
+    from .. import timings
+
+    agents = []
+    for node_plan in plan.node_plans:
+        env = dict(os.environ)
+        env[PLAN_ENV] = json.dumps(node_plan.to_dict())
+        env[OUTPUT_ENV] = json.dumps({"prefix": prefix, "console_ranks": sorted(console_ranks) if console_ranks is not None else None,
+                                      "quiet": quiet, "summary_json": summary_json if node_plan.is_master else None,
+                                      "local_ranks": sorted(local_ranks) if local_ranks is not None else None, "stall": stall,
+                                      "timings": timings.enabled})
+        if log_dir:
+            env["HPCTORCH_AGENT_LOG_DIR"] = os.path.join(log_dir, f"node{node_plan.node_rank}")
+        # Each agent leads its own process group, so stopping it reaches its workers too.
+        agents.append(subprocess.Popen([sys.executable, "-m", "hpctorch.start.agent"], env=env, start_new_session=True))
+
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        signal_groups(agents, signum)
+
+    def pass_on(signum: int, _frame: object) -> None:
+        for agent in agents:
+            if agent.poll() is None:
+                os.kill(agent.pid, signum)  # each agent forwards it to its workers
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous.update({s: signal.signal(s, pass_on) for s in PREEMPT_SIGNALS})
+    try:
+        failed: int | None = None
+        while True:
+            codes = [agent.poll() for agent in agents]  # poll every agent, every pass
+            if all(code is not None for code in codes):
+                break
+            if failed is None:
+                failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+                if failed is not None:
+                    # The others' watchdogs end them and node 0 gathers their last stacks, as on
+                    # real nodes; stopped from here only if they have not ended by then.
+                    deadline, stopping = time.monotonic() + SIMULATED_TEARDOWN_S, signal.SIGTERM
+            elif time.monotonic() > deadline:
+                signal_groups(agents, stopping)
+                deadline, stopping = time.monotonic() + STOP_GRACE_S, signal.SIGKILL
+            time.sleep(0.05)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise WorkersFailed(f"stopped by signal {received[0]}", exit_code=128 + received[0])
+    if failed is None:
+        failed = next((i for i, a in enumerate(agents) if a.returncode != 0), None)
+    if failed is not None:
+        code = agents[failed].returncode
+        raise WorkersFailed(f"simulated node {failed} failed (exit {code}); the other nodes were stopped", exit_code=code if code > 0 else 1)

@@ -1,0 +1,272 @@
+"""One node's workers started by hpctorch itself (``Plan.starter == "hpctorch"``).
+
+torch's elastic agent imports torch (about a second of CPU) before it starts any worker, and
+without restarts it adds nothing the workers need: they rendezvous through torch's own env://
+store (rank 0's TCPStore at MASTER_ADDR:MASTER_PORT). On several nodes local rank 0 of each
+node first checks that the nodes agree (``agreement_worker``; the others wait for it before
+``init_process_group``), and a helper per node runs the whole-job watchdog (``nodewatch``).
+This keeps everything else: torchrun's environment contract, each worker through
+``_worker.py`` (CPU and device lists, the faulthandler fallback), ``[rank R]:`` prefixed
+output with a copy per rank in the log directory (torch's layout), the first failure named
+with the survivors' stacks, the others stopped (SIGTERM, SIGKILL after ``STOP_GRACE_S``),
+signals passed on, the closing summary.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO
+
+from ..errors import HpctorchError
+from ..guard.agreement_worker import read as read_agreement
+from ..host.signals import PREEMPT_SIGNALS
+from ..plan.types import Plan
+from ..plan.workerenv import torch_contract
+from .launch import (
+    STOP_GRACE_S,
+    WorkersFailed,
+    _host,
+    _process_start,
+    _requeue_if_preempted,
+    _stacks_env,
+    line_prefix,
+    signal_groups,
+    worker_command,
+)
+
+POLL_S = 0.05
+
+
+def _reserve(address: str, port: int) -> tuple[socket.socket | None, int]:
+    """The port rank 0's store will listen on, held until the job ends: bound with
+    SO_REUSEADDR and never listening, so torch's store (which sets SO_REUSEADDR too) can
+    take it while no other process's bind can (32 jobs started at once never share one)."""
+    if port:
+        return None, port
+    held = _hold(address, 0)
+    return held, held.getsockname()[1]
+
+
+def _hold(address: str, port: int) -> socket.socket:
+    """``port`` (0: any) bound with SO_REUSEADDR and never listening (see ``_reserve``)."""
+    held = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        held.bind((address, port))
+    except OSError:
+        held.close()
+        raise
+    return held
+
+
+def _hold_watch_port(plan: Plan) -> socket.socket:
+    """Node 0: the watchdog's port, held (as ``_reserve``) until its helper serves it."""
+    try:
+        return _hold(plan.master_addr or "", plan.watch_port)
+    except OSError:
+        raise HpctorchError(f"the watchdog's port {plan.watch_port} ({plan.reasons.get('watch_port', 'derived')}) is already in use on this node",
+                            "pass another --master-port or --run-id (the port is derived from both)") from None
+
+
+def _agreement_files(plan: Plan) -> tuple[str, str, str]:
+    """A node-local directory (in /dev/shm where it can be, not the log directory nor a TMPDIR that
+    may be on a shared file system: the waiting ranks and the helper poll the outcome's file), the
+    node's plan in it, for local rank 0's agreement check and the helper, and the outcome's file."""
+    from ..guard.nodewatch import paths
+    from ..host.folders import polling_root
+
+    state = tempfile.mkdtemp(prefix="hpctorch-node-", dir=polling_root())
+    plan_file, result = paths(state)
+    with open(plan_file, "w", encoding="utf-8") as out:
+        out.write(plan.to_json())
+    return state, plan_file, result
+
+
+def _worker_env(plan: Plan, local: int, port: int, error_file: str) -> dict[str, str]:
+    worker = plan.workers[local]
+    env = dict(os.environ)
+    env.update(worker.env)
+    env.update(torch_contract(worker.rank, local, plan.node_rank, plan.nproc_per_node, plan.master_addr or "127.0.0.1", port, plan.run_id))
+    env.update(TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_USE_AGENT_STORE="False",
+               TORCHELASTIC_ERROR_FILE=error_file)
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torch's agent
+    return env
+
+
+class _Output:
+    """Each worker's two streams: to the console with the rank's prefix (when shown) and to
+    ``<dir>/<local rank>/stdout.log``/``stderr.log``, line by line."""
+
+    def __init__(self, root: str, prefix: str, shown: set[int] | None) -> None:
+        """``prefix``: the line prefix template torch's agent would get (``launch.line_prefix``)."""
+        self.root, self.prefix, self.shown = root, prefix, shown
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def follow(self, rank: int, local: int, stream: IO[bytes], console: IO[str], name: str) -> None:
+        path = os.path.join(self.root, str(local))
+        os.makedirs(path, exist_ok=True)
+        thread = threading.Thread(target=self._copy, args=(rank, stream, console, os.path.join(path, name)), daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _copy(self, rank: int, stream: IO[bytes], console: IO[str], path: str) -> None:
+        head = string.Template(self.prefix).safe_substitute(rank=rank)
+        show = self.shown is None or rank in self.shown
+        with open(path, "wb") as log:
+            for raw in iter(stream.readline, b""):
+                log.write(raw)
+                log.flush()
+                if show:
+                    line = raw.decode("utf-8", errors="replace")
+                    with self.lock:
+                        console.write(head + line if line.endswith("\n") else head + line + "\n")
+                        console.flush()
+
+    def drain(self, timeout_s: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None,
+             local_ranks: set[int] | None = None, quiet: bool = False, summary_json: str | None = None, requeue: bool = False,
+             stall: tuple[float, str] | None = None) -> None:
+    """Start this node's workers, wait for them; raises WorkersFailed naming the first failure.
+    ``stall`` (``--stall-timeout``, several nodes only) is watched by the watchdog's helper."""
+    started = _process_start()
+    os.environ.update(plan.common_env)
+    _stacks_env(os.environ)  # type: ignore[arg-type]
+    held, port = _reserve(plan.master_addr or "127.0.0.1", plan.master_port)
+    several = plan.nnodes > 1
+    watch_held = _hold_watch_port(plan) if several and plan.is_master else None
+    from .. import timings
+
+    timings.mark("workers started")
+    os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
+    root = os.path.join(log_dir or tempfile.mkdtemp(prefix="hpctorch_"), plan.run_id, "attempt_0")
+    shown = console_ranks if console_ranks is not None else ({w.rank for w in plan.workers if w.local_rank in local_ranks} if local_ranks else None)
+    files = _agreement_files(plan) if several else None
+    output = _Output(root, line_prefix(plan) if prefix else "", shown)
+    has_lists = any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS"))
+    workers: list[subprocess.Popen] = []
+    helper = None
+    received: list[int] = []
+    preempted: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous.update({s: signal.signal(s, lambda signum, _f: (preempted.append(signum), signal_groups(workers, signum))) for s in PREEMPT_SIGNALS})
+    try:
+        for worker in plan.workers:
+            local = worker.local_rank
+            command = [part.replace("${local_rank}", str(local)) for part in worker_command(plan.command, has_lists)]
+            error_file = os.path.join(root, str(local), "error.json")
+            os.makedirs(os.path.dirname(error_file), exist_ok=True)
+            env = _worker_env(plan, local, port, error_file)
+            if files is not None:
+                from ..guard.agreement_worker import AGREEMENT_ENV, RESULT_ENV, WAIT_ENV
+
+                env.update({RESULT_ENV: files[2], WAIT_ENV: str(plan.rdzv_timeout + 60), **({AGREEMENT_ENV: files[1]} if local == 0 else {})})
+            process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            workers.append(process)
+            output.follow(worker.rank, local, process.stdout, sys.stdout, "stdout.log")  # type: ignore[arg-type]
+            output.follow(worker.rank, local, process.stderr, sys.stderr, "stderr.log")  # type: ignore[arg-type]
+        if several:
+            from ..guard.nodewatch import Helper
+
+            helper = Helper(root, files[0], time.time() - started, stall)  # type: ignore[index]
+        failure, final = _wait(plan, workers, received, root, helper, files[2] if files else "")
+    except OSError as exc:
+        _stop(workers)
+        if helper is not None:
+            helper.end("quit")
+        raise HpctorchError(f"cannot start {plan.command[0]!r}: {exc.strerror}", "check the command and PATH") from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for socket_held in (held, watch_held):
+            if socket_held is not None:
+                socket_held.close()
+        if files is not None:
+            shutil.rmtree(files[0], ignore_errors=True)
+    output.drain()
+    _requeue_if_preempted(plan, preempted, requeue)
+    if plan.is_master and (not quiet or summary_json):
+        from ..guard.summary import Summary
+
+        summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, final, os.path.dirname(root),
+                             failure.line if failure else None)
+        if not quiet:
+            print(summary.line(), file=sys.stderr, flush=True)
+        if summary_json:
+            summary.write_json(summary_json)
+    if failure is not None:
+        raise failure
+
+
+def _wait(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int], root: str, helper, result: str,  # type: ignore[no-untyped-def]
+          ) -> tuple[WorkersFailed | None, dict]:
+    """Until all exit 0, or the first failure, signal or (several nodes) abort from another node:
+    then the survivors' stacks, and stop them. Returns the failure and node 0's view of every node."""
+    while True:
+        codes = [w.poll() for w in workers]
+        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+        aborted = helper.poll() if helper is not None else None
+        if received or failed is not None or aborted:
+            break
+        if all(code == 0 for code in codes):
+            return None, (helper.end("finished").get("final", {}) if helper is not None else {})
+        time.sleep(POLL_S)
+    from ..stacks.job import NodeStacks
+
+    stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
+    stacks.take_at_teardown(None)  # sent to node 0 by the helper
+    _stop(workers)
+    disagreed = read_agreement(result) if helper is not None and failed is not None else None
+    if disagreed is not None:
+        helper.end("quit")
+        raise HpctorchError(disagreed["cause"], disagreed["fix"])
+    failure = _failure(plan, workers, received, root, failed, aborted)
+    # What the other nodes print: which node a signal stopped (this node says "stopped by").
+    told = f"node {plan.node_rank} was stopped by {signal.Signals(received[0]).name}" if received else failure.line
+    ended = helper.end("aborted" if aborted else "failed", told, stacks.teardown) if helper is not None else {}
+    lines = ended.get("teardown") or stacks.teardown_summary()
+    if lines and plan.is_master:
+        print("\n".join(lines), file=sys.stderr, flush=True)
+    return failure, ended.get("final", {})
+
+
+def _failure(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int], root: str, failed: int | None,
+             aborted: str | None) -> WorkersFailed:
+    if aborted:
+        return WorkersFailed(f"stopped: {aborted}", exit_code=1)
+    if received:
+        name = signal.Signals(received[0]).name
+        return WorkersFailed(f"stopped by {name}", exit_code=128 + received[0])
+    assert failed is not None
+    code = workers[failed].returncode
+    worker = plan.workers[failed]
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    error_file = os.path.join(root, str(worker.local_rank), "error.json")
+    where = error_file if os.path.exists(error_file) else "its output above"
+    node = f" on node {plan.node_rank}" + (f" ({plan.nodes[plan.node_rank]})" if plan.nodes else "") if plan.nnodes > 1 else ""
+    return WorkersFailed(f"rank {worker.rank}{node} (local rank {worker.local_rank}) {how}; details: {where}", exit_code=128 - code if code < 0 else 1)
+
+
+def _stop(workers: Sequence[subprocess.Popen]) -> None:
+    signal_groups(workers, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while any(w.poll() is None for w in workers) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    signal_groups(workers, getattr(signal, "SIGKILL", signal.SIGTERM))
+    for worker in workers:
+        worker.wait()
