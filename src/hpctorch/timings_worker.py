@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from .terminal import printable
 from .timings import ENV, table
 
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
@@ -89,7 +90,7 @@ def _report(module) -> None:  # type: ignore[no-untyped-def]
         keys = [f"hpctorch/timings/{r}" for r in range(world)]
         records = [json.loads(v) for v in store.multi_get(keys)] if store.check(keys) else []
         if records:
-            print("\n".join(table(records)), file=sys.stderr, flush=True)
+            print(printable("\n".join(table(records))), file=sys.stderr, flush=True)
     except Exception as exc:  # noqa: BLE001 - only the report is lost; the job is not disturbed
         if os.environ.get("HPCTORCH_DEBUG"):
             print(f"hpctorch --timings: {exc!r}", file=sys.stderr)

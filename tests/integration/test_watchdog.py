@@ -107,3 +107,15 @@ def test_without_all_up_a_late_node_is_waited_for(monkeypatch: pytest.MonkeyPatc
     for dog in dogs:
         dog.close()
     del server
+
+
+def test_a_reason_read_from_the_store_reaches_the_terminal_with_its_control_characters_escaped() -> None:
+    """Any process that reaches the store can write the abort reason: it must not be able to
+    retitle the window, move the cursor or hide a line on every node's terminal."""
+    server, dogs, acted = start(2)
+    wait_for(lambda: all(dog.connected.is_set() for dog in dogs))
+    dogs[0].report_failure("rank 0 exited\x1b]0;pwned\x07\r\x1b[2Kall is well\nnext")
+    wait_for(lambda: 1 in acted)
+    assert acted[1] == "rank 0 exited\\x1b]0;pwned\\x07\\x0d\\x1b[2Kall is well\\x0anext"
+    for dog in dogs:
+        dog.close()

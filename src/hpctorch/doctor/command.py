@@ -28,6 +28,7 @@ from ..guard.sharedfiles import BeatingFiles
 from ..host import network
 from ..host.facts import resolve
 from ..plan.types import Options, Plan
+from ..terminal import printable
 from . import diagnosis
 from .report import local_report, port_holder
 
@@ -274,7 +275,7 @@ def examine(plan: Plan, env: Mapping[str, str], timeout_s: float, json_path: str
         reports, _ = meeting.gather("report", final)
         reports = {n: r for n, r in reports.items() if r}
         found = diagnosis.verdicts(reports, plan.nnodes, plan.nodes)
-        print(diagnosis.table(reports, plan.nnodes, found), flush=True)
+        print(printable(diagnosis.table(reports, plan.nnodes, found)), flush=True)
         code = 1 if any(v.severity == "fail" for v in found) else 0
         if json_path:
             _write_json(json_path, {"nnodes": plan.nnodes, "reports": reports, "verdicts": [v.__dict__ for v in found], "exit": code})
@@ -320,7 +321,7 @@ def _await_verdict(plan: Plan, meeting: Meeting, report: dict, final: float) -> 
     if reach.get("master") and not reach["master"]["ok"]:
         lines.append(f"  FAIL cannot reach the master at {reach['master']['target']}: {reach['master']['error']}")
     lines.extend(f"  {v.line()}" for v in found)
-    print("\n".join(lines), file=sys.stderr, flush=True)
+    print(printable("\n".join(lines)), file=sys.stderr, flush=True)
     return 1
 
 

@@ -26,6 +26,7 @@ from ..host import network
 from ..plan.types import Plan
 from ..progress import Progress
 from ..schedulers import hostlist
+from ..terminal import printable
 from .sharedfiles import BeatingFiles
 
 POLL_S = 0.05
@@ -112,7 +113,7 @@ def _show(value: object) -> str:
 
 def disagreement_error(lines: list[str]) -> HpctorchError:
     return HpctorchError(
-        "the nodes planned different jobs: " + "; ".join(lines),
+        "the nodes planned different jobs: " + printable("; ".join(lines), lines=False),
         "start every node with the same options and environment ('hpctorch plan' on each node "
         "shows where each value came from)",
     )

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..plan.types import Plan
+from ..terminal import printable
 
 POLL_S = 0.5
 BEAT_EVERY = 4
@@ -256,7 +257,7 @@ class JobWatchdog:
                 if state >= ABORTED:
                     self.requests += 1
                     if not self._stop.is_set():
-                        self._abort(store, store.get(self.prefix + "abort").decode())
+                        self._abort(store, printable(store.get(self.prefix + "abort").decode(errors="replace"), lines=False))
                     return
                 master_finished = state == FINISHED
                 if judge is not None:

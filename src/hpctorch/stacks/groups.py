@@ -12,6 +12,7 @@ import sysconfig
 from collections.abc import Iterable, Sequence
 
 from ..schedulers import hostlist
+from ..terminal import printable
 from .dump import Frame, RankStack
 
 _LIBRARY_PARTS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep, "<frozen ")
@@ -100,7 +101,7 @@ def summary(merged: Sequence[dict], nodes: int, dumps: str | None, missing: Sequ
         lines.append(f"  no answer from: {hostlist.display(missing)}")
     if dumps:
         lines.append(f"  every thread of every rank: {dumps}" + (" (on each node)" if nodes > 1 else ""))
-    return lines
+    return [printable(line, lines=False) for line in lines]  # other nodes' text, from the store
 
 
 def full_text(stacks: Iterable[RankStack]) -> str:
@@ -114,4 +115,4 @@ def full_text(stacks: Iterable[RankStack]) -> str:
             out.append(f"Thread {thread.name}{' (main)' if thread.main else ''}, most recent call first:")
             out.extend(f'  File "{f.file}", line {f.line}, in {f.func}' for f in thread.frames)
         out.append("")
-    return "\n".join(out)
+    return printable("\n".join(out))
