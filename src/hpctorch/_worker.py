@@ -51,22 +51,25 @@ def _register_stack_dump() -> None:
     directory = os.environ.get("HPCTORCH_STACKS_DIR")
     if not directory:
         return
-    from hpctorch.host.folders import stack_file
+    from hpctorch.host.folders import create_private_file, stack_file
     from hpctorch.host.signals import STACK_SIGNAL
 
     if STACK_SIGNAL is None:
         return
     import faulthandler
 
-    try:
-        dump = open(stack_file(directory, os.getpid()), "a", encoding="utf-8")  # noqa: SIM115 - kept open
+    path = stack_file(directory, os.getpid())
+    try:  # 0600, never through a link; a dead worker's file of the same pid is replaced
+        if os.path.lexists(path):
+            os.remove(path)
+        dump = open(create_private_file(path), "a", encoding="utf-8")  # noqa: SIM115 - kept open
     except OSError:
         return  # no fallback for this worker; py-spy may still read it
     faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
     _kept.append(dump)
     import atexit
 
-    atexit.register(_remove, dump.name)
+    atexit.register(_remove, path)
 
 
 def _remove(path: str) -> None:

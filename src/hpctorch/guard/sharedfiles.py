@@ -15,6 +15,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..host.folders import private_dir
+
 INTERVAL_S = 1.0
 
 
@@ -44,7 +46,9 @@ class BeatingFiles:
         self._last_write = now
         self.beat += 1
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.beat == 1:  # <shared>/.hpctorch/<key>.X: both ours alone (HpctorchError if not)
+                private_dir(str(self.path.parent.parent))
+                private_dir(str(self.path.parent))
             temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             temporary.write_text(json.dumps({**self.record, "node": self.node, "beat": self.beat}))
             os.replace(temporary, self.path)

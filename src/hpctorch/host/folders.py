@@ -1,18 +1,33 @@
 """hpctorch's private folders on this node: where stack dumps, faulthandler files, the
-per-task relay and the node's polling files live."""
+per-task relay and the node's polling files live.
+
+/tmp, /dev/shm and TMPDIR are shared with every user of the machine, and the folders'
+names are predictable (``hpctorch-<uid>``): another user can create one first, or put a
+symbolic link there, and so feed this user's job a master address or a library. So a
+folder is used only once ``private_dir`` has created it 0700 or found it, without following
+links, to be a real folder of this user's that no one else can write; anything else is one
+line naming the folder, and never used.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import stat
+
+from ..errors import HpctorchError
+from .processes import alive
 
 
 def stack_file(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"{pid}.stack")
+    """A worker's faulthandler file: named by host and pid, so two nodes' pid 4242 never
+    share one where the folder is on a shared file system."""
+    return os.path.join(directory, f"{_host()}-{pid}.stack")
 
 
 def dump_dir() -> str:
-    """hpctorch's private directory for this user on this node (stack files, the file
-    rendezvous on one machine, the MPICH library name bridge)."""
+    """hpctorch's directory for this user on this node (stack dumps, the file rendezvous on
+    one machine, the MPICH library name bridge); a path only: ``private_dir`` makes it."""
     import tempfile
 
     return os.path.join(tempfile.gettempdir(), f"hpctorch-{_user()}")
@@ -27,23 +42,66 @@ def polling_root() -> str | None:
 
 
 def polling_dir() -> str:
-    """hpctorch's private directory for this user under ``polling_root``."""
+    """hpctorch's directory for this user under ``polling_root`` (a path only)."""
     root = polling_root()
     return os.path.join(root, f"hpctorch-{_user()}") if root else dump_dir()
 
 
-def _user() -> str:
-    return str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+def private_dir(path: str) -> str:
+    """``path``, created 0700 if missing, or checked if there: a folder, not a link, owned by this user, writable by no one else. A
+    folder of ours readable by others is narrowed to 0700. Anything else: HpctorchError."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:  # a parent that is not one of ours (a TMPDIR not made yet)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return private_dir(path)
+    unsafe = why_unsafe(path)
+    if unsafe:
+        raise HpctorchError(f"hpctorch's folder {path} {unsafe}",
+                            "remove it (ask an administrator if another user made it): hpctorch never uses a folder that someone "
+                            "else could have prepared")
+    if hasattr(os, "getuid") and stat.S_IMODE(os.lstat(path).st_mode) & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def why_unsafe(path: str) -> str | None:
+    """Why ``path`` must not be trusted (read from, written to, put on a search path), or
+    None. Looked at without following links."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return "is missing"
+    if stat.S_ISLNK(info.st_mode):
+        return f"is a symbolic link (to {os.readlink(path)})"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    if not hasattr(os, "getuid"):
+        return None  # Windows: the per-user temporary directory is the user's own
+    if info.st_uid != os.getuid():
+        return f"belongs to {_owner(info.st_uid)}, not to you"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"can be written by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def create_private_file(path: str) -> int:
+    """A new file only this user can read, never through a link (O_EXCL, O_NOFOLLOW): its fd."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
 
 
 def faulthandler_dir() -> str:
-    """Where workers' faulthandler files go (``HPCTORCH_STACKS_DIR``); created here, and the
-    files of processes that are gone (killed before they could remove their own) removed."""
-    path = os.path.join(dump_dir(), "faulthandler")
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    """Where workers' faulthandler files go (``HPCTORCH_STACKS_DIR``): node-local memory
+    where there is /dev/shm (never a shared TMPDIR); created here, and this host's files of
+    processes that are gone (killed before they could remove their own) removed. Another
+    node's files are never touched."""
+    path = private_dir(os.path.join(private_dir(polling_dir()), "faulthandler"))
+    mine = f"{_host()}-"
     for name in os.listdir(path):
-        pid = name.removesuffix(".stack")
-        if pid.isdigit() and not _alive(int(pid)):
+        pid = name.removeprefix(mine).removesuffix(".stack")
+        if name.startswith(mine) and pid.isdigit() and not alive(int(pid)):
             try:
                 os.remove(os.path.join(path, name))
             except OSError:
@@ -51,11 +109,19 @@ def faulthandler_dir() -> str:
     return path
 
 
-def _alive(pid: int) -> bool:
+
+def _user() -> str:
+    return str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+
+
+def _host() -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+
+
+def _owner(uid: int) -> str:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's: not ours to judge
-    return True
+        import pwd
+
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"

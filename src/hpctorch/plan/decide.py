@@ -265,6 +265,11 @@ def _file_store_dir(options: Options, nnodes: int) -> str:
     if nnodes > 1:
         raise HpctorchError(f"--rdzv-backend file on {nnodes} nodes needs a directory every node shares",
                             "add --rdzv-endpoint DIR (or --rendezvous-dir DIR) on a shared file system")
+    return default_file_store_dir()
+
+
+def default_file_store_dir() -> str:
+    """One machine's file store: in hpctorch's own folder (made private when used)."""
     from ..host.folders import dump_dir
 
     return os.path.join(dump_dir(), "filestore")

@@ -71,10 +71,11 @@ def read_master(plan: Plan) -> str:
 
 
 def relay_dir() -> str:
-    """Node-local, in memory where it can be (``host.folders.polling_dir``): the others poll it."""
-    from ..host.folders import polling_dir
+    """Node-local, in memory where it can be (``host.folders.polling_dir``): the others poll
+    it. Private: a record planted there by another user would name the master."""
+    from ..host.folders import polling_dir, private_dir
 
-    return polling_dir()
+    return private_dir(polling_dir())
 
 
 def _read_shared(plan: Plan, deadline: float, on_poll: Callable[[], None] | None = None) -> str:
@@ -89,6 +90,7 @@ def _read_shared(plan: Plan, deadline: float, on_poll: Callable[[], None] | None
         record = _read_record(path)
         if _written_by_master(plan, record):
             progress.done()
+            _check_writer(path.parent)
             return str(record["addr"])  # type: ignore[index]
         if time.monotonic() > deadline:
             progress.done()
@@ -132,16 +134,31 @@ def _record(plan: Plan, address: str) -> dict[str, object]:
 
 
 def _write_record(path: Path, record: Mapping[str, object]) -> None:
-    """Atomically (write, then rename): a reader sees the whole record or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Atomically (write, then rename): a reader sees the whole record or none. In a folder
+    of this user's only (``host.folders.private_dir``)."""
+    from ..host.folders import create_private_file, private_dir
+
+    private_dir(str(path.parent))
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(record))
+    temporary.unlink(missing_ok=True)  # a crashed writer's with this pid; the folder is ours
+    with open(create_private_file(str(temporary)), "w", encoding="utf-8") as out:
+        out.write(json.dumps(record))
     os.replace(temporary, path)
+
+
+def _check_writer(folder: Path) -> None:
+    """Once, before a record found in the shared folder is believed: that folder is this
+    user's and no one else could have written it."""
+    from ..host.folders import why_unsafe
+
+    unsafe = why_unsafe(str(folder))
+    if unsafe:
+        raise HpctorchError(f"the master's address was found in {folder}, which {unsafe}",
+                            "remove that folder and pass --rendezvous-dir with a directory of your own that all nodes share")
 
 
 def _touch(path: str) -> None:
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         with open(path, "a", encoding="utf-8"):
             pass
         os.utime(path)

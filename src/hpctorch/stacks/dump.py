@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..host.folders import stack_file
+from ..host.processes import alive
 from ..host.signals import STACK_SIGNAL
 
 METHODS = ("auto", "py-spy", "faulthandler")
@@ -101,14 +102,6 @@ def _one(worker: Worker, method: str, deadline: float, native: bool) -> RankStac
     return RankStack(worker, note="; ".join(why))
 
 
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
 
 def _by_py_spy(tool: str, worker: Worker, deadline: float, native: bool) -> RankStack:
     command = [tool, "dump", "--pid", str(worker.pid), "--json", *(["--native"] if native else [])]
@@ -119,7 +112,7 @@ def _by_py_spy(tool: str, worker: Worker, deadline: float, native: bool) -> Rank
     except OSError as exc:
         return RankStack(worker, method="py-spy", note=f"py-spy could not start: {exc.strerror}")
     if done.returncode != 0:
-        if not _alive(worker.pid):
+        if not alive(worker.pid):
             return RankStack(worker, method="py-spy", note="exited")
         error = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return RankStack(worker, method="py-spy", note=f"py-spy: {error[:160]}")
@@ -166,7 +159,7 @@ def _by_faulthandler(worker: Worker, deadline: float) -> RankStack:
         dump.seek(start)
         text = dump.read()
     if not text:
-        return RankStack(worker, method="faulthandler", note="exited" if not _alive(worker.pid) else "faulthandler wrote nothing in time")
+        return RankStack(worker, method="faulthandler", note="exited" if not alive(worker.pid) else "faulthandler wrote nothing in time")
     return RankStack(worker, parse_faulthandler(text), method="faulthandler")
 
 

@@ -15,7 +15,8 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from ..host.folders import dump_dir
+from ..errors import HpctorchError
+from ..host.folders import create_private_file, dump_dir, private_dir
 from . import groups
 from .dump import RankStack, Worker, capture
 
@@ -29,10 +30,10 @@ def write_dump(stacks: Iterable[RankStack], label: str) -> str | None:
     """Every thread of every rank to a new file; its path (None if it cannot be written)."""
     path = os.path.join(dump_dir(), f"stacks-{time.strftime('%Y%m%d-%H%M%S')}-{label}-{os.getpid()}.txt")
     try:
-        os.makedirs(dump_dir(), mode=0o700, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as out:
+        private_dir(dump_dir())
+        with open(create_private_file(path), "w", encoding="utf-8") as out:
             out.write(groups.full_text(stacks))
-    except OSError:
+    except (OSError, HpctorchError):
         return None
     return path
 

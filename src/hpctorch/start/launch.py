@@ -67,11 +67,17 @@ def _file_store_env(plan: Plan, env: dict[str, str]) -> None:
     """``--rdzv-backend file``: the workers' FileStore (``filestore``), and the agents' backend."""
     if plan.rdzv_backend != "file":
         return
+    from ..host.folders import private_dir
+    from ..plan.decide import default_file_store_dir
     from . import filestore
 
     directory = plan.rdzv_conf["path"]
     try:
-        os.makedirs(directory, exist_ok=True)
+        if directory == default_file_store_dir():  # ours, under the shared /tmp: private
+            private_dir(os.path.dirname(directory))
+            private_dir(directory)
+        else:  # the user's own choice (--rdzv-endpoint DIR), shared by nodes
+            os.makedirs(directory, exist_ok=True)
     except OSError as exc:
         raise HpctorchError(f"--rdzv-backend file: cannot create {directory}: {exc.strerror}", "give a writable directory with --rdzv-endpoint DIR") from None
     env[filestore.WORKERS_ENV] = filestore.paths(directory, plan.run_id)[1]
