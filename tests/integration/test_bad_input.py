@@ -67,6 +67,9 @@ def test_nested_launch_names_the_process_count() -> None:
 def test_contradictory_launcher_variables() -> None:
     _assert_one_line(("plan",), clean_env(RANK="5", WORLD_SIZE="4"), "RANK=5", "WORLD_SIZE=4")
     _assert_one_line(("plan",), clean_env(RANK="x", WORLD_SIZE="4"), "RANK='x'")
+    batch = clean_env(SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node[1-2]", SLURM_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="3",
+                      SLURM_NNODES="3", SLURM_TASKS_PER_NODE="1(x2)")
+    _assert_one_line(("plan",), batch, "SLURM_JOB_NUM_NODES=3", "names 2 node(s)")
 
 
 def test_busy_explicit_port_on_the_master() -> None:

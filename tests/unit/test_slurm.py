@@ -87,12 +87,23 @@ def test_step_variables_win_over_job_variables() -> None:
         ({"SLURM_STEP_TASKS_PER_NODE": "2(x3)"}, "describes 3 node(s)"),
         ({"SLURM_STEP_TASKS_PER_NODE": "two"}, "not Slurm's"),
         ({"SLURM_STEP_NODELIST": "node[2-1]"}, "runs backwards"),
+        ({"SLURM_STEP_NUM_NODES": "3"}, "SLURM_STEP_NUM_NODES=3 but SLURM_STEP_NODELIST=node[1-2] names 2 node(s)"),
     ],
 )
 def test_contradictions_are_one_clear_error(overrides: dict[str, str], words: str) -> None:
     with pytest.raises(HpctorchError) as error:
         detect(load_env("slurm/srun_2x2_rank3.env", **overrides))
     assert words in str(error.value)
+
+
+def test_a_node_count_that_contradicts_the_node_list_is_one_clear_error() -> None:
+    """Was planned from the list, exit 0: a stale SLURM_NNODES from a nested salloc went unnoticed."""
+    with pytest.raises(HpctorchError, match=r"SLURM_JOB_NUM_NODES=4 but SLURM_JOB_NODELIST=node\[1-2\] names 2 node\(s\)"):
+        detect(load_env("slurm/sbatch_batch_script.env", SLURM_JOB_NUM_NODES="4"))
+    with pytest.raises(HpctorchError, match="SLURM_NNODES=3 but SLURM_STEP_NODELIST"):
+        detect(load_env("slurm/srun_2x2_rank3.env", SLURM_STEP_NUM_NODES="", SLURM_NNODES="3"))
+    # A one-node step in a two-node allocation: SLURM_NNODES is the step's count, SLURM_NODELIST the job's list.
+    assert detect(load_env("slurm/salloc_srun_one_node.env")).nodes == ("node1",)
 
 
 def test_reserved_step_ports_are_used() -> None:

@@ -79,6 +79,25 @@ def _task_order(path: str, nodes: tuple[str, ...], tasks: tuple[int, ...], node_
     return tuple(order), tuple(counts[n] for n in order), (order.index(mine) if mine is not None else None)
 
 
+def _check_node_count(env: Mapping[str, str], nodes: tuple[str, ...], nodelist: str, nodelist_var: str, in_step: bool) -> None:
+    """The count Slurm gives beside the list must agree with it. In a step SLURM_NNODES is the
+    step's count and SLURM_NODELIST the job's list (seen under srun -N1 in a 2-node salloc), so
+    each list is compared with its own count only."""
+    if nodelist_var == "SLURM_STEP_NODELIST":
+        names = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES")
+    elif not in_step and nodelist_var == "SLURM_JOB_NODELIST":
+        names = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+    else:
+        return
+    for name in names:
+        count = env_int(env, name)
+        if count is not None:
+            if count != len(nodes):
+                raise HpctorchError(f"{name}={count} but {nodelist_var}={nodelist} names {len(nodes)} node(s)",
+                                    "the Slurm variables contradict each other; unset the stale ones (e.g. from a nested salloc)")
+            return
+
+
 def detect(env: Mapping[str, str]) -> Allocation | None:
     job_id, job_var = _first(env, "SLURM_JOB_ID", "SLURM_JOBID")
     if job_id is None:
@@ -94,6 +113,7 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
             "run inside a Slurm job (sbatch, salloc, srun), or unset the stale SLURM_ variables",
         )
     nodes = tuple(hostlist.expand(nodelist))
+    _check_node_count(env, nodes, nodelist, nodelist_var, in_step)
     sources = {"job_id": job_var or "", "nodes": nodelist_var}
 
     if not in_step:
