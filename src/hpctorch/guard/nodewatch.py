@@ -166,9 +166,9 @@ def _ignore_signals() -> None:
     the SIGTERM its supervisor is about to report, would leave the job unwatched or silent."""
     import signal
 
-    from ..host.signals import PREEMPT_SIGNALS
+    from ..host.signals import PREEMPT_SIGNALS, STOP_SIGNALS
 
-    for sig in (signal.SIGINT, signal.SIGTERM, *PREEMPT_SIGNALS):
+    for sig in (*STOP_SIGNALS, *PREEMPT_SIGNALS):
         signal.signal(sig, signal.SIG_IGN)
 
 

@@ -8,6 +8,11 @@ PREEMPT_SIGNALS: tuple[int, ...] = tuple(getattr(signal, name) for name in ("SIG
 """What schedulers send before they preempt or end a job (Slurm's --signal, LSF's -wa);
 Windows has neither."""
 
+STOP_SIGNALS: tuple[int, ...] = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                                      if hasattr(signal, name))
+"""What ends a job's workers, as torch's agent takes them (TORCHELASTIC_SIGNALS_TO_HANDLE's
+default): a dropped ssh or pdsh session sends SIGHUP, a terminal's Ctrl-\\ SIGQUIT."""
+
 STACK_SIGNAL: int | None = (signal.SIGRTMIN + 7) if hasattr(signal, "SIGRTMIN") else getattr(signal, "SIGINFO", None)
 """A signal nothing else in a training job uses: real-time on Linux, SIGINFO on macOS
 (SIGUSR1/2 belong to the job: Slurm's --signal and LSF's -wa send them to checkpoint).

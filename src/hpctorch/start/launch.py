@@ -344,9 +344,6 @@ def _process_start() -> float:
     return start_time()
 
 
-
-
-
 def signal_groups(processes: Sequence[subprocess.Popen], sig: int) -> None:
     """``sig`` to each live process's group (a worker's data loaders, an agent's workers),
     or to the process alone where there are no groups (Windows)."""
@@ -354,6 +351,17 @@ def signal_groups(processes: Sequence[subprocess.Popen], sig: int) -> None:
         if process.poll() is None:
             try:
                 os.killpg(process.pid, sig) if hasattr(os, "killpg") else process.send_signal(sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def signal_processes(processes: Sequence[subprocess.Popen], sig: int) -> None:
+    """``sig`` to each live process alone, not its group (a preemption notice: the worker's
+    handler checkpoints; its data loaders would die of a SIGUSR1)."""
+    for process in processes:
+        if process.poll() is None:
+            try:
+                process.send_signal(sig)
             except (ProcessLookupError, PermissionError):
                 pass
 

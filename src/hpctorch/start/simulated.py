@@ -11,7 +11,7 @@ import sys
 import time
 
 from ..errors import HpctorchError
-from ..host.signals import PREEMPT_SIGNALS
+from ..host.signals import PREEMPT_SIGNALS, STOP_SIGNALS
 from ..plan.types import Plan
 from .launch import STOP_GRACE_S, WorkersFailed, run_per_node, signal_groups
 
@@ -71,7 +71,7 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
             if agent.poll() is None:
                 os.kill(agent.pid, signum)  # each agent forwards it to its workers
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     previous.update({s: signal.signal(s, pass_on) for s in PREEMPT_SIGNALS})
     try:
         failed: int | None = None

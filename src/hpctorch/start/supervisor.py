@@ -29,7 +29,7 @@ from typing import IO
 
 from ..errors import HpctorchError
 from ..guard.agreement_worker import read as read_agreement
-from ..host.signals import PREEMPT_SIGNALS
+from ..host.signals import PREEMPT_SIGNALS, STOP_SIGNALS
 from ..plan.types import Plan
 from ..plan.workerenv import torch_contract
 from .launch import (
@@ -41,6 +41,7 @@ from .launch import (
     _stacks_env,
     line_prefix,
     signal_groups,
+    signal_processes,
     worker_command,
 )
 
@@ -163,8 +164,9 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     helper = None
     received: list[int] = []
     preempted: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    previous.update({s: signal.signal(s, lambda signum, _f: (preempted.append(signum), signal_groups(workers, signum))) for s in PREEMPT_SIGNALS})
+    previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in STOP_SIGNALS}
+    # To each worker alone, as torch's agent does: its data loaders (same group) would die of it.
+    previous.update({s: signal.signal(s, lambda signum, _f: (preempted.append(signum), signal_processes(workers, signum))) for s in PREEMPT_SIGNALS})
     try:
         for worker in plan.workers:
             local = worker.local_rank
