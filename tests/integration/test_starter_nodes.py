@@ -5,8 +5,10 @@ agreement, and the helpers' watchdog ends the whole job when one node's rank fai
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,18 +20,19 @@ pytest.importorskip("torch")
 SCRIPT = str(ROOT / "tests" / "fixtures" / "report.py")
 
 
-def _nodes(*script_args: str, timeout: float = 120) -> list[subprocess.CompletedProcess]:
+def _nodes(*script_args: str, timeout: float = 120, options: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess]:
     port = str(free_port())
     processes = [subprocess.Popen([sys.executable, "-m", "hpctorch", "run", "--nnodes", "2", "--node-rank", str(rank),
-                                   "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "2",
+                                   "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "2", *options,
                                    SCRIPT, "--init", "--brief", *script_args],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
                  for rank in (0, 1)]
     results = []
     try:
         for process in processes:
             out, err = process.communicate(timeout=timeout)  # a hang guard
-            results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+            # Decoded as is: text mode would turn a progress bar's carriage returns into newlines.
+            results.append(subprocess.CompletedProcess(process.args, process.returncode, out.decode(), err.decode()))
     finally:
         for process in processes:
             process.kill()
@@ -142,3 +145,25 @@ def test_the_watchdog_helper_outlives_the_signals_a_launcher_sends_the_step() ->
             process.kill()
     # Rank 1 (node 1) was SIGKILLed after the signals; node 0 heard it through the helpers.
     assert "hpctorch: stopped: rank 1 on node 1 (local rank 0) was killed by signal 9" in errors[0], errors[0][-3000:]
+
+
+def test_a_shared_log_dir_keeps_every_nodes_files_and_every_run(tmp_path: Path) -> None:
+    """Every node's local rank k wrote the same <log dir>/<run id>/attempt_0/k/stdout.log, and a
+    requeued run (same run id) truncated the last one's."""
+    for _run in range(2):
+        results = _nodes(options=("--log-dir", str(tmp_path)))
+        assert [r.returncode for r in results] == [0, 0], results[0].stderr + results[1].stderr
+    kept = sorted(tmp_path.rglob("stdout.log"))
+    ranks = sorted(json.loads(p.read_text().split("REPORT ", 1)[1])["env"]["RANK"] for p in kept)
+    assert ranks == ["0", "0", "1", "1", "2", "2", "3", "3"], kept
+    assert {p.parent.parent.parent.name.split("_node")[1][0] for p in kept} == {"0", "1"}  # <run id>_node<N>_...
+
+
+def test_a_progress_bar_is_progress_to_the_stall_watch_and_redraws_in_place(tmp_path: Path) -> None:
+    """A tqdm-like bar (carriage returns, no newline) for 8 s with --stall-timeout 2 and
+    --stall-action kill: reproduced before, no byte was counted and the healthy job was killed."""
+    results = _nodes("--bar", "8", options=("--stall-timeout", "2", "--stall-action", "kill"))
+    assert [r.returncode for r in results] == [0, 0], results[0].stderr + results[1].stderr
+    assert "--stall-timeout" not in results[0].stderr + results[1].stderr
+    out = results[0].stdout
+    assert re.search(r"\[[^\]\n]*rank 0\]: bar 1/32\r", out) and re.search(r"\[[^\]\n]*rank 0\]: bar 32/32\n", out), out[-2000:]

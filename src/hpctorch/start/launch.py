@@ -221,7 +221,9 @@ def run_per_node(
     os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
     started = _process_start()
     stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
-    watch = StallWatch(stall[0], stall[1] == "kill", lambda: logged_bytes(specs.root_log_dir)) if stall else None
+    # This node's folder of this run once torch's agent made it (DefaultLogsSpecs keeps it in
+    # _run_log_dir), never the whole --log-dir: that holds every node's and every run's files.
+    watch = StallWatch(stall[0], stall[1] == "kill", lambda: logged_bytes(getattr(specs, "_run_log_dir", specs.root_log_dir))) if stall else None
 
     def stop_workers(_reason: str) -> None:
         # SIGTERM to this process: torch's agent stops its workers. Not while it already

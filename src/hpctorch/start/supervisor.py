@@ -15,6 +15,7 @@ signals passed on, the closing summary.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -104,9 +105,26 @@ def _worker_env(plan: Plan, local: int, port: int, error_file: str) -> dict[str,
     return env
 
 
+_LINE_ENDS = re.compile(rb"(?<=\n)|(?<=\r)(?!\n)")  # after \n, or a lone \r
+
+
+def _log_root(plan: Plan, log_dir: str | None) -> str:
+    """This node's own folder for this run (``<log dir>/<run id>_node<N>_<unique>/attempt_0``,
+    torch's agent's layout plus the node): with a --log-dir on a shared file system, no node
+    writes another's files, and a requeued run never overwrites the last one's."""
+    base = log_dir or tempfile.mkdtemp(prefix="hpctorch_")
+    try:
+        os.makedirs(base, exist_ok=True)
+        return os.path.join(tempfile.mkdtemp(prefix=f"{plan.run_id}_node{plan.node_rank}_", dir=base), "attempt_0")
+    except OSError as exc:
+        raise HpctorchError(f"--log-dir {base}: {exc.strerror}", "give --log-dir a folder you can write") from None
+
+
 class _Output:
-    """Each worker's two streams: to the console with the rank's prefix (when shown) and to
-    ``<dir>/<local rank>/stdout.log``/``stderr.log``, line by line."""
+    """Each worker's two streams: to ``<dir>/<local rank>/stdout.log``/``stderr.log`` as the
+    bytes come (the stall watch counts them), and to the console with the rank's prefix (when
+    shown) a line at a time, where a line also ends at ``\\r``: a progress bar (tqdm) redraws
+    in place, prefixed, as it would without hpctorch."""
 
     def __init__(self, root: str, prefix: str, shown: set[int] | None) -> None:
         """``prefix``: the line prefix template torch's agent would get (``launch.line_prefix``)."""
@@ -124,15 +142,25 @@ class _Output:
     def _copy(self, rank: int, stream: IO[bytes], console: IO[str], path: str) -> None:
         head = string.Template(self.prefix).safe_substitute(rank=rank)
         show = self.shown is None or rank in self.shown
+        pending = b""
         with open(path, "wb") as log:
-            for raw in iter(stream.readline, b""):
-                log.write(raw)
+            for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+                log.write(chunk)
                 log.flush()
-                if show:
-                    line = raw.decode("utf-8", errors="replace")
-                    with self.lock:
-                        console.write(head + line if line.endswith("\n") else head + line + "\n")
-                        console.flush()
+                if not show:
+                    continue
+                lines = _LINE_ENDS.split(pending + chunk)
+                pending = lines.pop()  # not ended yet
+                self._show(console, head, [line for line in lines if line != b"\r"])  # tqdm's leading \r: nothing to show
+            if show and pending:
+                self._show(console, head, [pending + b"\n"])
+
+    def _show(self, console: IO[str], head: str, lines: list[bytes]) -> None:
+        if lines:
+            text = "".join(head + line.decode("utf-8", errors="replace") for line in lines)
+            with self.lock:
+                console.write(text)
+                console.flush()
 
     def drain(self, timeout_s: float = 5.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -155,7 +183,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
 
     timings.mark("workers started")
     os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
-    root = os.path.join(log_dir or tempfile.mkdtemp(prefix="hpctorch_"), plan.run_id, "attempt_0")
+    root = _log_root(plan, log_dir)
     shown = console_ranks if console_ranks is not None else ({w.rank for w in plan.workers if w.local_rank in local_ranks} if local_ranks else None)
     files = _agreement_files(plan) if several else None
     output = _Output(root, line_prefix(plan) if prefix else "", shown)
