@@ -194,3 +194,44 @@ def test_timings_on_one_node_started_by_hpctorch() -> None:
     done = hpctorch("run", "--timings", "--nproc-per-node", "2", str(ROOT / "benchmarks" / "worker_allreduce.py"), env=clean_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"^  worker: first collective done\s+\d+\.\d\d  \S+ rank [01]$", unprefixed(done.stderr), re.M), done.stderr[-3000:]
+
+
+FALLS_TOGETHER = """
+import os, sys, time
+marker = sys.argv[1]
+if os.environ["LOCAL_RANK"] == "1":
+    time.sleep(0.5)
+    open(marker, "w").close()
+    os._exit(3)  # the cause
+while not os.path.exists(marker):
+    time.sleep(0.001)
+time.sleep(0.005)
+os._exit(4)  # a peer that noticed: a few milliseconds later, within the same poll
+"""
+
+
+def test_the_first_failure_named_is_the_first_in_time(tmp_path: Path) -> None:
+    """Rank 1 dies, rank 0 follows 5 ms later: the run names rank 1 (it named the lowest rank
+    one poll found dead, rank 0, nearly every time)."""
+    script = tmp_path / "falls_together.py"
+    script.write_text(FALLS_TOGETHER)
+    for attempt in range(3):
+        done = hpctorch("run", "--nproc-per-node", "2", str(script), str(tmp_path / f"died{attempt}"), env=clean_env(), timeout=120)
+        assert done.returncode == 1, done.stderr
+        assert "rank 1 (local rank 1) exited with code 3" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("how", [("--nproc-per-node", "2"), ("--simulate-nodes", "2", "--nproc-per-node", "1")],
+                         ids=["hpctorch-starter", "torch-agent"])
+def test_temporary_logs_nobody_asked_for_are_removed_after_a_success_and_kept_after_a_failure(tmp_path: Path, how) -> None:  # type: ignore[no-untyped-def]
+    """Every run without --log-dir left a folder in /tmp (hundreds on a shared login node)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = hpctorch("run", *how, REPORT, env=clean_env(TMPDIR=str(scratch)), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "per-rank logs" not in done.stderr
+    assert not [p for p in scratch.iterdir() if p.name.startswith(("hpctorch_", "torchelastic_"))], list(scratch.iterdir())
+    failed = hpctorch("run", *how, REPORT, "--exit", "3", env=clean_env(TMPDIR=str(scratch)), timeout=300)
+    assert failed.returncode == 1
+    logs = re.search(r"per-rank logs: (\S+)", failed.stderr)
+    assert logs and Path(logs.group(1)).is_dir(), failed.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -283,11 +284,15 @@ def run_per_node(
         lines = watchdog.teardown_lines or stacks.teardown_summary()
         if lines:
             print("\n".join(lines), file=sys.stderr, flush=True)
+    logs: str | None = specs.root_log_dir
+    if log_dir is None and failure is None and os.path.basename(logs).startswith("torchelastic_"):
+        shutil.rmtree(logs, ignore_errors=True)  # torch's temporary folder, nobody asked for it: the console had it all
+        logs = None
     if plan.is_master and (summary_json or not quiet):
         from ..guard.summary import Summary
 
         summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, watchdog.final,
-                             specs.root_log_dir, failure.line if failure else None)
+                             logs, failure.line if failure else None)
         if not quiet:
             print(summary.line(), file=sys.stderr, flush=True)
         if summary_json:

@@ -214,7 +214,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
             from ..guard.nodewatch import Helper
 
             helper = Helper(root, files[0], time.time() - started, stall)  # type: ignore[index]
-        failure, final = _wait(plan, workers, received, root, helper, files[2] if files else "")
+        failure, final = _wait(plan, workers, _exit_times(workers), received, root, helper, files[2] if files else "")
     except OSError as exc:
         _stop(workers)
         if helper is not None:
@@ -230,10 +230,14 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
             shutil.rmtree(files[0], ignore_errors=True)
     output.drain()
     _requeue_if_preempted(plan, preempted, requeue)
+    logs: str | None = os.path.dirname(root)
+    if log_dir is None and failure is None:  # a temporary folder nobody asked for: the console had it all
+        shutil.rmtree(os.path.dirname(logs), ignore_errors=True)
+        logs = None
     if plan.is_master and (not quiet or summary_json):
         from ..guard.summary import Summary
 
-        summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, final, os.path.dirname(root),
+        summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, final, logs,
                              failure.line if failure else None)
         if not quiet:
             print(summary.line(), file=sys.stderr, flush=True)
@@ -243,13 +247,38 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         raise failure
 
 
-def _wait(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int], root: str, helper, result: str,  # type: ignore[no-untyped-def]
-          ) -> tuple[WorkersFailed | None, dict]:
+class _ExitClock(threading.Thread):
+    """Waits for one worker to exit and notes when: the first failure is the first in time,
+    not the lowest rank among those one poll found dead (a rank that crashes takes its peers
+    down within milliseconds, and they would be named instead)."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        super().__init__(daemon=True)
+        self.process = process
+        self.exited = float("inf")
+
+    def run(self) -> None:
+        self.process.wait()
+        self.exited = time.monotonic()
+
+
+def _exit_times(workers: Sequence[subprocess.Popen]) -> list[_ExitClock]:
+    clocks = [_ExitClock(process) for process in workers]
+    for clock in clocks:
+        clock.start()
+    return clocks
+
+
+def _wait(plan: Plan, workers: Sequence[subprocess.Popen], exits: Sequence[_ExitClock], received: list[int], root: str,  # type: ignore[no-untyped-def]
+          helper, result: str) -> tuple[WorkersFailed | None, dict]:
     """Until all exit 0, or the first failure, signal or (several nodes) abort from another node:
     then the survivors' stacks, and stop them. Returns the failure and node 0's view of every node."""
     while True:
         codes = [w.poll() for w in workers]
-        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+        dead = [i for i, code in enumerate(codes) if code not in (None, 0)]
+        for i in dead:
+            exits[i].join(1.0)  # its time is noted a moment after its exit code is seen
+        failed = min(dead, key=lambda i: exits[i].exited) if dead else None
         aborted = helper.poll() if helper is not None else None
         if received or failed is not None or aborted:
             break
