@@ -196,3 +196,29 @@ def test_files_a_node_polls_stay_in_memory_whatever_tmpdir_says(tmp_path: Path, 
         assert relay_dir().startswith("/dev/shm/hpctorch-")
     monkeypatch.setattr(folders, "polling_root", lambda: None)  # macOS, or no /dev/shm to write
     assert relay_dir().startswith(str(tmp_path / "scratch"))
+
+
+def test_on_a_routed_fabric_node_0_writes_the_address_that_a_node_of_another_subnet_reads(tmp_path: Path) -> None:
+    """A subnet per rack: node1's name resolves to its fabric address, on node 0's subnet but not
+    on node 1's. Reproduced before: node 0 saw no need and wrote nothing; node 1 waited 300 s."""
+    def at(node: int):  # type: ignore[no-untyped-def]
+        allocation = Allocation(launcher=slurm.LAUNCHER, nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="42", step_id="0",
+                                node_rank=node, submit_dir=str(tmp_path))
+        rack = facts(interfaces=(LO, MGMT, iface("hsn0", f"198.18.{node}.1/24")), resolved={"node1": ("198.18.0.1",)})
+        return make_plan(allocation, Options(nproc_per_node=1, rdzv_timeout=5, command=("x",)), rack)
+
+    master, other = at(0), at(1)
+    assert master.master_addr == "198.18.0.1" and master.master_exchange_offered
+    assert "for nodes whose subnet its name does not resolve onto" in master.reasons["master_addr"]
+    assert other.master_addr is None and other.master_exchange == master.master_exchange
+    write_master(master)
+    assert read_master(other) == "198.18.0.1"
+
+
+def test_no_file_is_offered_where_node_0_is_listed_by_address_or_nothing_is_shared(tmp_path: Path) -> None:
+    allocation = Allocation(launcher=slurm.LAUNCHER, nodes=("198.18.0.1", "198.18.0.2"), tasks_per_node=(1, 1), job_id="42",
+                            node_rank=0, submit_dir=str(tmp_path))
+    host = facts(interfaces=(LO, MGMT, iface("hsn0", "198.18.0.1/24")))
+    assert make_plan(allocation, Options(command=("x",)), host).master_exchange is None
+    named = Allocation(launcher=slurm.LAUNCHER, nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="42", node_rank=0)
+    assert make_plan(named, Options(command=("x",)), host).master_exchange is None

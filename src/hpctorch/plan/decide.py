@@ -172,7 +172,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         nproc_per_node=tuple(nproc_per_node), master_addr=where_master.address, master_port=port,
         rdzv_backend=rdzv_backend, rdzv_timeout=options.rdzv_timeout, run_id=run_id, simulated=False,
         max_restarts=options.max_restarts, reasons=reasons, sources=sources, command=options.command,
-        master_exchange=where_master.exchange, agreement_dir=ports.agreement_dir(allocation, options, nodes),
+        master_exchange=where_master.exchange, master_exchange_offered=where_master.offered, agreement_dir=ports.agreement_dir(allocation, options, nodes),
         requeue=allocation.launcher.requeue, container=facts.container, min_nodes=options.min_nodes,
         node_rank_known=known, agent=dict(options.agent), rdzv_conf=_rdzv_conf(options, facts, rdzv_backend, where_master.address, nnodes),
         local_addr=(where_master.iface.address if where_master.iface and nnodes > 1 else where_master.address),

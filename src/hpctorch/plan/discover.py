@@ -5,6 +5,7 @@ the MPI allgather or the master-address exchange where needed, and plan."""
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -75,7 +76,12 @@ def plan_here(options: Options, env: Mapping[str, str], exchange: bool = True) -
 
     if plan.master_addr is not None:  # node 0
         if plan.workers and plan.workers[0].local_rank == 0:  # one writer per node
-            rendezvous.write_master(plan)
+            try:
+                rendezvous.write_master(plan)
+            except HpctorchError as exc:
+                if not plan.master_exchange_offered:
+                    raise
+                sys.stderr.write(f"hpctorch: warning: {exc.line()} (needed only by nodes on another subnet)\n")
             timings.mark("master address written")
         return plan
     address = rendezvous.read_master(plan)

@@ -21,6 +21,9 @@ class Master:
     iface: network.Interface | None
     exchange: str | None
     """The shared file node 0 writes its address to, when its name cannot be trusted."""
+    offered: bool = False
+    """Node 0 writes the file although its own name reaches it here: whether a node needs it
+    depends on that node's subnet (a routed fabric, a subnet per rack), so node 0 cannot know."""
 
 
 def _is_loopback(address: str) -> bool:
@@ -118,19 +121,25 @@ def locate(
         )
     resolved = facts.resolved.get(master_host, ())
     reaching = [a for a in resolved if iface.reaches(a)]
-    # Every node sees the same name service, so all agree on whether the name serves.
+    # Whether the name's address is on this node's subnet is a fact of each node, not of the job:
+    # node 0 writes its address whenever a shared directory exists, and a node reads it when the
+    # name does not resolve onto its own subnet.
     shared_dir = options.rendezvous_dir or allocation.submit_dir
-    exchange = exchange_file(shared_dir, run_id) if not reaching and shared_dir else None
+    listed_by_address = is_ip(master_host)  # nothing better to exchange: every node uses it
+    exchange = exchange_file(shared_dir, run_id) if not reaching and shared_dir and not listed_by_address else None
     if node_rank == 0:
         reasons["master_addr"] = f"this node holds rank 0: its address on {iface.name}" + named
         if exchange:
             reasons["master_addr"] += f"; written to {exchange} (its name resolves elsewhere)"
+        elif shared_dir and not listed_by_address:
+            offered = exchange_file(shared_dir, run_id)
+            reasons["master_addr"] += f"; also written to {offered}, for nodes whose subnet its name does not resolve onto"
+            return Master(own, iface, offered, offered=True)
         return Master(own, iface, exchange)
     if reaching:
         reasons["master_addr"] = f"{master_host} (node holding rank 0) resolves to it on {iface.name}" + named
         return Master(reaching[0], iface, None)
-    if is_ip(master_host):
-        # Node 0 is listed by address: there is nothing better to exchange.
+    if listed_by_address:
         reasons["master_addr"] = f"node 0 is listed by its address (not on {iface.name})"
         return Master(master_host, iface, None)
     found = ", ".join(resolved) or "nothing"

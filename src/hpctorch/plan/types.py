@@ -111,6 +111,9 @@ class Plan:
     master_exchange: str | None = None
     """A file in a shared directory where node 0 writes its address for the others, because
     the master's host name resolves to a network the chosen interface cannot reach."""
+    master_exchange_offered: bool = False
+    """On node 0: the file is written for nodes on other subnets, though its own name serves
+    here; failing to write it is then a warning, not an error."""
     agreement_dir: str | None = None
     """A directory all nodes share, where each node's planned values are compared with
     the others' before any worker starts (see ``agreement``); None when none is known."""
