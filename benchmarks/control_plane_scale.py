@@ -1,4 +1,5 @@
-"""Benchmark 7: hpctorch's own control plane at 16 to 4,096 nodes, on one real TCPStore.
+"""Benchmark 7: hpctorch's own control plane at 16 to 4,096 nodes, on one real TCPStore,
+and its shared-file channel on one real folder.
 
 The real ``watchdog.JobWatchdog`` and ``agreement.check`` (not copies), one per simulated
 node, as threads in a few client processes; no torch workers. Per node count:
@@ -6,6 +7,10 @@ node, as threads in a few client processes; no torch workers. Per node count:
 - false "went silent" verdicts during that idle time (should be none);
 - time from one node's ``report_failure`` until every node's watchdog has acted on it;
 - time until every node has passed the agreement check.
+The shared-file channel (``sharedfiles.BeatingFiles``, which the agreement and the doctor
+use through the submit directory): every simulated node publishes and reads once a poll (the
+real interval is 1 s, so a poll is a second); file-system calls per node and at node 0.
+``--only files`` runs this part alone and keeps the saved store rows.
 """
 
 from __future__ import annotations
@@ -170,6 +175,41 @@ def run(nnodes: int, idle_s: float) -> dict[str, float]:
     }
 
 
+def shared_files(nnodes: int, polls: int = 6) -> dict[str, float]:
+    """The real BeatingFiles of ``nnodes`` nodes in one folder (interval 0: every call acts, one
+    call a poll); file-system calls per poll, once every node has seen what it reads."""
+    import tempfile
+
+    from hpctorch.guard.sharedfiles import BeatingFiles
+
+    with tempfile.TemporaryDirectory(prefix="hpctorch-bench-files-") as base:
+        directory = os.path.join(base, ".hpctorch", "bench.agreement")
+        files = [BeatingFiles(directory, n, {"host": f"nid{n:05d}"}, interval_s=0) for n in range(nnodes)]
+        seen_at = None
+        counts: list[list[int]] = []
+        for poll in range(polls):
+            started = time.perf_counter()
+            for node in files:
+                node.publish()
+            time.sleep(0.02)  # file times move in the kernel's coarse clock ticks
+            for node in files:
+                node.read_live()
+            if seen_at is None and len(files[0].live) == nnodes - 1 and all(0 in f.live for f in files[1:]):
+                seen_at = poll + 1
+            counts.append([f.operations for f in files])
+            poll_s = time.perf_counter() - started
+        steady = [after - before for before, after in zip(counts[-2], counts[-1])]
+    return {
+        "nodes": nnodes,
+        "files_per_node_per_poll": max(steady[1:]),
+        "files_node0_per_poll": steady[0],
+        "files_node0_until_seen": counts[(seen_at or polls) - 1][0],
+        "files_all_seen_poll": seen_at or float("nan"),
+        "files_old_per_node_per_poll": nnodes + 1,
+        "files_poll_s": poll_s,
+    }
+
+
 def _isolated(argv: list[str]) -> int | None:
     """Re-run in a network namespace of its own (loopback only) where root can make one: this
     VM's resolver never answers, and torch's store looks up every connection's peer name, which
@@ -192,22 +232,36 @@ def main(argv: list[str] | None = None) -> int | None:
     parser.add_argument("--client", nargs=6, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle watching per size")
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1024, 4096], help="node counts")
+    parser.add_argument("--only", choices=["files"], default=None, help="the shared-file channel alone")
     args = parser.parse_args(argv)
     if args.client:
         first, last, nnodes, port, agree_port = map(int, args.client[:5])
         client(first, last, nnodes, port, agree_port, float(args.client[5]))
         return
+    sizes = (4, 8) if args.smoke else tuple(args.sizes)
+    files_rows = [shared_files(n) for n in sizes]
+    print(table(["nodes", "file calls per node per poll", "at node 0 per poll", "node 0 until all seen", "all seen after polls",
+                 "before: per node per poll", "one poll of all (s)"],
+                [[r["nodes"], r["files_per_node_per_poll"], r["files_node0_per_poll"], r["files_node0_until_seen"],
+                  r["files_all_seen_poll"], r["files_old_per_node_per_poll"], f"{r['files_poll_s']:.2f}"] for r in files_rows]))
+    if args.only == "files":
+        if not args.smoke:  # beside the saved store rows, which keep their own command and date
+            path = ROOT / "benchmarks" / "results" / "control_plane_scale.json"
+            saved = json.loads(path.read_text())
+            saved.update(files_rows=files_rows, files_command=" ".join(["python", "-m", "benchmarks.control_plane_scale", *sys.argv[1:]]),
+                         files_date=time.strftime("%Y-%m-%d"))
+            path.write_text(json.dumps(saved, indent=2) + "\n")
+        return None
     status = _isolated(sys.argv[1:] if argv is None else argv)
     if status is not None:
         return status
-    sizes = (4, 8) if args.smoke else tuple(args.sizes)
     rows = [run(n, 2.0 if args.smoke else args.idle) for n in sizes]
     print(table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew", "agreement (s)",
                  "agreement CPU (s)"],
                 [[r["nodes"], f"{r['requests_per_s']:.0f}", f"{r['per_node_per_s']:.2f}", r["false_alarms"],
                   f"{r['abort_known_s']:.2f}", r["never_knew"], f"{r['agreement_s']:.2f}", f"{r['agreement_cpu_s']:.1f}"] for r in rows]))
     if not args.smoke:
-        save("control_plane_scale", {"idle_s": args.idle, "processes": PROCESSES, "rows": rows, "notes": NOTES})
+        save("control_plane_scale", {"idle_s": args.idle, "processes": PROCESSES, "rows": rows, "files_rows": files_rows, "notes": NOTES})
 
 
 if __name__ == "__main__":

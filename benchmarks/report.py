@@ -119,7 +119,25 @@ def control_plane_scale(data: dict) -> str:
     return (f"Simulated nodes: the real `JobWatchdog` and `agreement.check`, one per node, as threads in "
             f"{data.get('processes', 8)} processes, against one real TCPStore; {data['idle_s']:.0f} s of idle watching per size.\n\n" +
             table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew",
-                   "agreement (s)", "agreement CPU (s)"], rows) + notes + "\n\n![control plane scale](plots/control_plane_scale.png)")
+                   "agreement (s)", "agreement CPU (s)"], rows) + notes + "\n\n![control plane scale](plots/control_plane_scale.png)"
+            + _shared_files(data))
+
+
+def _shared_files(data: dict) -> str:
+    rows = data.get("files_rows")
+    if not rows:
+        return ""
+    return ("\n\nThe shared-file channel (`sharedfiles.BeatingFiles`: the agreement and the doctor, through the submit "
+            f"directory; {data.get('files_date', data['date'])}, `{data.get('files_command', data['command'])}`): every "
+            "simulated node publishes and reads once a poll (a poll is a second at the real 1 s interval), on this "
+            "machine's local disk. A node writes its record once and then only moves its file's time (one `utime`); a "
+            "node other than 0 opens node 0's file alone; node 0 scans the folder once a poll and reads a file only when "
+            "it was replaced, with a `stat` per peer only until it has seen that peer beat. Before, every node read every "
+            "node's file every second ('before').\n\n" +
+            table(["nodes", "file calls per node per poll", "at node 0 per poll", "node 0 until all seen", "all seen after (polls)",
+                   "before: per node per poll", "one poll of all nodes (s)"],
+                  [[r["nodes"], r["files_per_node_per_poll"], r["files_node0_per_poll"], r["files_node0_until_seen"],
+                    r["files_all_seen_poll"], r["files_old_per_node_per_poll"], f"{r['files_poll_s']:.2f}"] for r in rows]))
 
 
 def _plot_control_plane(data: dict) -> None:

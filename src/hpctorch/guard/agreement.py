@@ -177,10 +177,16 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
                 if verdict:
                     _acknowledge(store, plan, len(stored))
                     raise disagreement_error(verdict.split("\n"))
-            # The store's records are judged by node 0 (the verdict); here only the files', and
-            # the whole picture only once one differs.
+            # The store's records are judged by node 0 (the verdict); here only the files' (node 0
+            # reads every node's file, the others node 0's alone), and the whole picture only once
+            # one differs. Node 0's file carries its verdict to nodes that agree with node 0.
+            said = seen.get(0, {}).get("verdict") if not plan.is_master else None
+            if said:
+                raise disagreement_error(list(said))  # type: ignore[arg-type]
             lines = differences({**seen, **stored, plan.node_rank: mine}) if seen and differences({**seen, plan.node_rank: mine}) else []
             if lines:
+                if plan.is_master:
+                    files.publish(verdict=lines)
                 files.linger(GRACE_S, POLL_S)  # so the others see this node disagree
                 raise disagreement_error(lines)
             if time.monotonic() > deadline:
