@@ -210,6 +210,16 @@ def shared_files(nnodes: int, polls: int = 6) -> dict[str, float]:
     }
 
 
+def _files_table(sizes: tuple[int, ...]) -> list[dict[str, float]]:
+    """The shared-file channel at each size, printed as a table."""
+    files_rows = [shared_files(n) for n in sizes]
+    print(table(["nodes", "file calls per node per poll", "at node 0 per poll", "node 0 until all seen", "all seen after polls",
+                 "before: per node per poll", "one poll of all (s)"],
+                [[r["nodes"], r["files_per_node_per_poll"], r["files_node0_per_poll"], r["files_node0_until_seen"],
+                  r["files_all_seen_poll"], r["files_old_per_node_per_poll"], f"{r['files_poll_s']:.2f}"] for r in files_rows]))
+    return files_rows
+
+
 def _isolated(argv: list[str]) -> int | None:
     """Re-run in a network namespace of its own (loopback only) where root can make one: this
     VM's resolver never answers, and torch's store looks up every connection's peer name, which
@@ -239,12 +249,8 @@ def main(argv: list[str] | None = None) -> int | None:
         client(first, last, nnodes, port, agree_port, float(args.client[5]))
         return
     sizes = (4, 8) if args.smoke else tuple(args.sizes)
-    files_rows = [shared_files(n) for n in sizes]
-    print(table(["nodes", "file calls per node per poll", "at node 0 per poll", "node 0 until all seen", "all seen after polls",
-                 "before: per node per poll", "one poll of all (s)"],
-                [[r["nodes"], r["files_per_node_per_poll"], r["files_node0_per_poll"], r["files_node0_until_seen"],
-                  r["files_all_seen_poll"], r["files_old_per_node_per_poll"], f"{r['files_poll_s']:.2f}"] for r in files_rows]))
     if args.only == "files":
+        files_rows = _files_table(sizes)
         if not args.smoke:  # beside the saved store rows, which keep their own command and date
             path = ROOT / "benchmarks" / "results" / "control_plane_scale.json"
             saved = json.loads(path.read_text())
@@ -255,6 +261,7 @@ def main(argv: list[str] | None = None) -> int | None:
     status = _isolated(sys.argv[1:] if argv is None else argv)
     if status is not None:
         return status
+    files_rows = _files_table(sizes)
     rows = [run(n, 2.0 if args.smoke else args.idle) for n in sizes]
     print(table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew", "agreement (s)",
                  "agreement CPU (s)"],
