@@ -9,7 +9,6 @@ import pytest
 
 from ..conftest import ROOT, clean_env
 
-
 # The column each benchmark must fill with a measured number on every row.
 MEASURED = {
     "first_collective": "median s",

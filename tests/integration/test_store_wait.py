@@ -15,7 +15,7 @@ import pytest
 
 from hpctorch.host.network import free_port
 from hpctorch.start import storewait
-from hpctorch.start.launch import WORKER_ENTRY
+from hpctorch.start.workers import WORKER_ENTRY
 
 from ..conftest import clean_env
 

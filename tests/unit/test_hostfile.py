@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpctorch.errors import HpctorchError
 from hpctorch import Options, make_plan
+from hpctorch.errors import HpctorchError
 from hpctorch.schedulers import hostfile
 
 from .helpers import facts

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpctorch.stacks import groups
 from hpctorch.stacks.dump import Frame, RankStack, Thread, Worker, parse_faulthandler
-from hpctorch.start.launch import WORKER_ENTRY, worker_command
+from hpctorch.start.workers import WORKER_ENTRY, worker_command
 
 SITE = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
 

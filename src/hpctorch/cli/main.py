@@ -280,6 +280,7 @@ def _stacks(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from ..start import launch, simulated
+    from ..start.workers import WorkersFailed
 
     _check_script(args)
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
@@ -321,7 +322,7 @@ def _run(args: argparse.Namespace) -> int:
             launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue,
                                 prefix=not args.no_prefix, console_ranks=console, quiet=args.quiet, summary_json=args.summary_json,
                                 local_ranks=local_ranks, stall=stall)
-    except launch.WorkersFailed as exc:
+    except WorkersFailed as exc:
         print(f"hpctorch: {exc.line}", file=sys.stderr)
         return _leave(exc.exit_code) if plan.starter == "torch" and not plan.simulated else exc.exit_code
     return _leave(0) if plan.starter == "torch" and not plan.simulated else 0

@@ -76,10 +76,9 @@ def _check(plan_file: str) -> str:
 
 
 def _write(path: str, outcome: str) -> None:
-    """Atomically: a reader sees the whole outcome or nothing."""
-    with open(path + ".tmp", "w", encoding="utf-8") as out:
-        out.write(outcome)
-    os.replace(path + ".tmp", path)
+    from ..host.folders import replace_file
+
+    replace_file(path, outcome)
 
 
 def _wait(path: str, timeout_s: float) -> str:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..host.folders import private_dir
+from ..host.folders import private_dir, replace_file
 
 INTERVAL_S = 1.0
 MAX_SCAN_S = 8.0
@@ -71,9 +71,7 @@ class BeatingFiles:
                 private_dir(str(self.path.parent))
                 self.operations += 2
             if changed or not self._written:
-                temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-                temporary.write_text(json.dumps({**self.record, "node": self.node}))
-                os.replace(temporary, self.path)
+                replace_file(str(self.path), json.dumps({**self.record, "node": self.node}))
                 self.operations += 2
                 self._written = True
             else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import threading
 
 from ..errors import HpctorchError
 from .processes import alive
@@ -90,6 +91,19 @@ def why_unsafe(path: str) -> str | None:
 def create_private_file(path: str) -> int:
     """A new file only this user can read, never through a link (O_EXCL, O_NOFOLLOW): its fd."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+
+
+def replace_file(path: str, text: str) -> None:
+    """``path`` replaced whole: a new file (0600, never through a link) renamed over it, so a
+    reader sees the old text or the new one, never a part."""
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        os.remove(temporary)  # a crashed writer's with the same pid: the folder is ours
+    except FileNotFoundError:
+        pass
+    with open(create_private_file(temporary), "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(temporary, path)
 
 
 def faulthandler_dir() -> str:

@@ -136,14 +136,10 @@ def _record(plan: Plan, address: str) -> dict[str, object]:
 def _write_record(path: Path, record: Mapping[str, object]) -> None:
     """Atomically (write, then rename): a reader sees the whole record or none. In a folder
     of this user's only (``host.folders.private_dir``)."""
-    from ..host.folders import create_private_file, private_dir
+    from ..host.folders import private_dir, replace_file
 
     private_dir(str(path.parent))
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.unlink(missing_ok=True)  # a crashed writer's with this pid; the folder is ours
-    with open(create_private_file(str(temporary)), "w", encoding="utf-8") as out:
-        out.write(json.dumps(record))
-    os.replace(temporary, path)
+    replace_file(str(path), json.dumps(record))
 
 
 def _check_writer(folder: Path) -> None:

@@ -1,5 +1,5 @@
 """Act on a Plan: per node through torch's elastic agent (``launch``) or hpctorch's own
-starter (``supervisor``), ``--simulate-nodes`` (``simulated``, ``agent``), per task by exec
+starter (``supervisor``), what both do with a node's workers (``workers``), ``--simulate-nodes`` (``simulated``, ``agent``), per task by exec
 (``launch.exec_per_task``); inside each worker, what runs before the script
 (``storewait``, ``filestore``; the entry file is ``hpctorch/_worker.py``); and
 ``hpctorch.init()`` from a script (``initialize``).

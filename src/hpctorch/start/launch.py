@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -13,19 +12,18 @@ from collections.abc import Mapping, Sequence
 from ..errors import HpctorchError
 from ..host import network
 from ..host.signals import PREEMPT_SIGNALS
-from ..plan.types import ROLE, Plan, is_python
-
-STOP_GRACE_S = 3
-WORKER_ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_worker.py")  # a stable path: running jobs name it
-
-
-class WorkersFailed(Exception):
-    """Training processes failed; ``line`` names the first failure."""
-
-    def __init__(self, line: str, exit_code: int = 1) -> None:
-        super().__init__(line)
-        self.line = line
-        self.exit_code = exit_code
+from ..plan.types import ROLE, Plan
+from .workers import (
+    STOP_GRACE_S,
+    WorkersFailed,
+    failure_line,
+    line_prefix,
+    node_host,
+    process_start,
+    requeue_if_preempted,
+    stacks_env,
+    worker_command,
+)
 
 
 def check_master_port(plan: Plan) -> None:
@@ -42,26 +40,6 @@ def check_master_port(plan: Plan) -> None:
             f"master port {plan.master_port} ({why}) is already in use on this node",
             "pass another --master-port, or stop the process that holds it (ss -ltnp)",
         )
-
-
-def worker_command(command: Sequence[str], per_rank_lists: bool) -> tuple[str, ...]:
-    """What each worker runs: a Python script or module through ``_worker.py`` (in the same
-    process: it registers the faulthandler ``hpctorch stacks`` falls back on, and applies
-    per-rank CPU and device lists); another command through it only for those lists."""
-    if is_python(command):
-        return (command[0], "-u", WORKER_ENTRY, *command[2:])
-    if per_rank_lists:
-        return (sys.executable, WORKER_ENTRY, "--exec", *command)
-    return tuple(command)
-
-
-def _stacks_env(env: dict[str, str]) -> None:
-    from ..host.folders import faulthandler_dir
-
-    try:
-        env.setdefault("HPCTORCH_STACKS_DIR", faulthandler_dir())
-    except OSError:
-        pass  # no fallback for hpctorch stacks; py-spy still works
 
 
 def _file_store_env(plan: Plan, env: dict[str, str]) -> None:
@@ -95,12 +73,12 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
     bind_to(env.get("HPCTORCH_CPUS", ""))  # the exec keeps it
     command = worker_command(plan.command, per_rank_lists=False)
     if command != tuple(plan.command):
-        _stacks_env(env)
+        stacks_env(env)
         _file_store_env(plan, env)
         from .. import timings
 
         timings.mark("exec of the rank")
-        env.update(timings.worker_env(plan.node_rank, _host(plan)))
+        env.update(timings.worker_env(plan.node_rank, node_host(plan)))
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:
@@ -143,25 +121,6 @@ def _logs_specs(plan: Plan, log_dir: str | None, tee: str | None, redirects: str
     )
 
 
-def _host(plan: Plan) -> str:
-    import socket
-
-    return plan.nodes[plan.node_rank] if plan.nodes and plan.node_rank < len(plan.nodes) else socket.gethostname()
-
-
-def line_prefix(plan: Plan) -> str:
-    """torch's per-line prefix template: the global rank, and the node when there are several."""
-    if plan.nnodes == 1:
-        return "[rank ${rank}]: "
-    if not plan.node_rank_known:
-        import socket
-
-        where = socket.gethostname()
-    else:
-        where = plan.nodes[plan.node_rank] if plan.nodes else f"node {plan.node_rank}"
-    return f"[{where} rank ${{rank}}]: "
-
-
 def run_per_node(
     plan: Plan,
     log_dir: str | None = None,
@@ -188,7 +147,7 @@ def run_per_node(
 
     assert plan.master_addr is not None, "the exchange runs before the final plan"
     os.environ.update(plan.common_env)
-    _stacks_env(os.environ)  # type: ignore[arg-type]
+    stacks_env(os.environ)  # type: ignore[arg-type]
     _file_store_env(plan, os.environ)  # type: ignore[arg-type]
     specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)
     config = _launch_config(plan, specs, prefix)
@@ -219,8 +178,8 @@ def run_per_node(
     from .. import timings
 
     timings.mark("agreement done" if plan.nnodes > 1 and plan.watched and plan.rdzv_backend == "static" else "store ready")
-    os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
-    started = _process_start()
+    os.environ.update(timings.worker_env(plan.node_rank, node_host(plan)))
+    started = process_start()
     stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
     # This node's folder of this run once torch's agent made it (DefaultLogsSpecs keeps it in
     # _run_log_dir), never the whole --log-dir: that holds every node's and every run's files.
@@ -247,15 +206,10 @@ def run_per_node(
         elastic_launch(config, command[0])(*command[1:])
     except ChildFailedError as exc:
         rank, first = exc.get_first_failure()
-        code = first.exitcode
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         where = first.error_file if os.path.exists(first.error_file) else (log_dir or "its output above")
-        host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes else ""
-        node = f" on node {plan.node_rank}{host}" if plan.nnodes > 1 else ""
-        line = f"rank {rank}{node} (local rank {first.local_rank}) {how}; details: {where}"
-        watchdog.report_failure(line)
-        _requeue_if_preempted(plan, preempted, requeue)
-        failure = WorkersFailed(line, exit_code=128 - code if code < 0 else 1)
+        failure = failure_line(plan, rank, first.local_rank, first.exitcode, where)
+        watchdog.report_failure(failure.line)
+        requeue_if_preempted(plan, preempted, requeue)
     except SignalException as exc:
         if watchdog.reason:
             watchdog.close()
@@ -279,7 +233,7 @@ def run_per_node(
         ) from None
     else:
         watchdog.finished()
-        _requeue_if_preempted(plan, preempted, requeue)
+        requeue_if_preempted(plan, preempted, requeue)
     if plan.is_master and failure is not None and stacks.teardown is not None and not quiet:
         lines = watchdog.teardown_lines or stacks.teardown_summary()
         if lines:
@@ -343,36 +297,6 @@ def _launch_config(plan: Plan, specs, prefix: bool):  # type: ignore[no-untyped-
     return LaunchConfig(**settings)
 
 
-def _process_start() -> float:
-    """When this hpctorch process started (seconds since the epoch): wall time and start-up
-    figures count from there, not from the launch."""
-    from ..timings import start_time
-
-    return start_time()
-
-
-def signal_groups(processes: Sequence[subprocess.Popen], sig: int) -> None:
-    """``sig`` to each live process's group (a worker's data loaders, an agent's workers),
-    or to the process alone where there are no groups (Windows)."""
-    for process in processes:
-        if process.poll() is None:
-            try:
-                os.killpg(process.pid, sig) if hasattr(os, "killpg") else process.send_signal(sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def signal_processes(processes: Sequence[subprocess.Popen], sig: int) -> None:
-    """``sig`` to each live process alone, not its group (a preemption notice: the worker's
-    handler checkpoints; its data loaders would die of a SIGUSR1)."""
-    for process in processes:
-        if process.poll() is None:
-            try:
-                process.send_signal(sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 def _forward_preemption_to_children() -> list[int]:
     """Pass SIGUSR1/SIGUSR2 (Slurm's --signal, LSF's -wa) on to every worker, so their
     handlers can checkpoint; the agent itself keeps running. Returns the signals seen."""
@@ -393,18 +317,3 @@ def _forward_preemption_to_children() -> list[int]:
     return seen
 
 
-def _requeue_if_preempted(plan: Plan, preempted: Sequence[int], requeue: bool) -> None:
-    """After a preemption signal, node 0 asks the scheduler to requeue the job."""
-    if not (requeue and preempted and plan.node_rank == 0 and plan.job_id):
-        return
-    command = list(plan.requeue)
-    if not command:
-        print(f"hpctorch: --requeue: {plan.scheduler} has no requeue command; not requeued", file=sys.stderr)
-        return
-    try:
-        done = subprocess.run([*command, plan.job_id], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        print(f"hpctorch: --requeue: {command[0]} failed: {exc}", file=sys.stderr)
-        return
-    outcome = "requeued" if done.returncode == 0 else f"not requeued: {done.stderr.strip()}"
-    print(f"hpctorch: preempted by {signal.Signals(preempted[0]).name}; job {plan.job_id} {outcome}", file=sys.stderr, flush=True)

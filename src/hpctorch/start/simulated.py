@@ -13,7 +13,8 @@ import time
 from ..errors import HpctorchError
 from ..host.signals import PREEMPT_SIGNALS, STOP_SIGNALS
 from ..plan.types import Plan
-from .launch import STOP_GRACE_S, WorkersFailed, run_per_node, signal_groups
+from .launch import run_per_node
+from .workers import STOP_GRACE_S, WorkersFailed, signal_groups
 
 PLAN_ENV = "HPCTORCH_AGENT_PLAN"
 OUTPUT_ENV = "HPCTORCH_AGENT_OUTPUT"

@@ -33,16 +33,17 @@ from ..guard.agreement_worker import read as read_agreement
 from ..host.signals import PREEMPT_SIGNALS, STOP_SIGNALS
 from ..plan.types import Plan
 from ..plan.workerenv import torch_contract
-from .launch import (
+from .workers import (
     STOP_GRACE_S,
     WorkersFailed,
-    _host,
-    _process_start,
-    _requeue_if_preempted,
-    _stacks_env,
+    failure_line,
     line_prefix,
+    node_host,
+    process_start,
+    requeue_if_preempted,
     signal_groups,
     signal_processes,
+    stacks_env,
     worker_command,
 )
 
@@ -127,7 +128,7 @@ class _Output:
     in place, prefixed, as it would without hpctorch."""
 
     def __init__(self, root: str, prefix: str, shown: set[int] | None) -> None:
-        """``prefix``: the line prefix template torch's agent would get (``launch.line_prefix``)."""
+        """``prefix``: the line prefix template torch's agent would get (``workers.line_prefix``)."""
         self.root, self.prefix, self.shown = root, prefix, shown
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
@@ -173,16 +174,16 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
              stall: tuple[float, str] | None = None) -> None:
     """Start this node's workers, wait for them; raises WorkersFailed naming the first failure.
     ``stall`` (``--stall-timeout``, several nodes only) is watched by the watchdog's helper."""
-    started = _process_start()
+    started = process_start()
     os.environ.update(plan.common_env)
-    _stacks_env(os.environ)  # type: ignore[arg-type]
+    stacks_env(os.environ)  # type: ignore[arg-type]
     held, port = _reserve(plan.master_addr or "127.0.0.1", plan.master_port)
     several = plan.nnodes > 1
     watch_held = _hold_watch_port(plan) if several and plan.is_master else None
     from .. import timings
 
     timings.mark("workers started")
-    os.environ.update(timings.worker_env(plan.node_rank, _host(plan)))
+    os.environ.update(timings.worker_env(plan.node_rank, node_host(plan)))
     root = _log_root(plan, log_dir)
     shown = console_ranks if console_ranks is not None else ({w.rank for w in plan.workers if w.local_rank in local_ranks} if local_ranks else None)
     files = _agreement_files(plan) if several else None
@@ -229,7 +230,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         if files is not None:
             shutil.rmtree(files[0], ignore_errors=True)
     output.drain()
-    _requeue_if_preempted(plan, preempted, requeue)
+    requeue_if_preempted(plan, preempted, requeue)
     logs: str | None = os.path.dirname(root)
     if log_dir is None and failure is None:  # a temporary folder nobody asked for: the console had it all
         shutil.rmtree(os.path.dirname(logs), ignore_errors=True)
@@ -312,13 +313,10 @@ def _failure(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int
         name = signal.Signals(received[0]).name
         return WorkersFailed(f"stopped by {name}", exit_code=128 + received[0])
     assert failed is not None
-    code = workers[failed].returncode
     worker = plan.workers[failed]
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
     error_file = os.path.join(root, str(worker.local_rank), "error.json")
     where = error_file if os.path.exists(error_file) else "its output above"
-    node = f" on node {plan.node_rank}" + (f" ({plan.nodes[plan.node_rank]})" if plan.nodes else "") if plan.nnodes > 1 else ""
-    return WorkersFailed(f"rank {worker.rank}{node} (local rank {worker.local_rank}) {how}; details: {where}", exit_code=128 - code if code < 0 else 1)
+    return failure_line(plan, worker.rank, worker.local_rank, workers[failed].returncode, where)
 
 
 def _stop(workers: Sequence[subprocess.Popen]) -> None:

@@ -1,0 +1,121 @@
+"""What both starters (torch's agent through ``launch``, hpctorch's own ``supervisor``) do
+with a node's workers: their command line, the variables for ``hpctorch stacks``, the output
+prefix, signals, the line that names a failed rank, and the requeue after a preemption."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from ..plan.types import Plan, is_python
+
+STOP_GRACE_S = 3
+
+
+WORKER_ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_worker.py")  # a stable path: running jobs name it
+
+
+class WorkersFailed(Exception):
+    """Training processes failed; ``line`` names the first failure."""
+
+    def __init__(self, line: str, exit_code: int = 1) -> None:
+        super().__init__(line)
+        self.line = line
+        self.exit_code = exit_code
+
+
+def worker_command(command: Sequence[str], per_rank_lists: bool) -> tuple[str, ...]:
+    """What each worker runs: a Python script or module through ``_worker.py`` (in the same
+    process: it registers the faulthandler ``hpctorch stacks`` falls back on, and applies
+    per-rank CPU and device lists); another command through it only for those lists."""
+    if is_python(command):
+        return (command[0], "-u", WORKER_ENTRY, *command[2:])
+    if per_rank_lists:
+        return (sys.executable, WORKER_ENTRY, "--exec", *command)
+    return tuple(command)
+
+
+def stacks_env(env: dict[str, str]) -> None:
+    from ..host.folders import faulthandler_dir
+
+    try:
+        env.setdefault("HPCTORCH_STACKS_DIR", faulthandler_dir())
+    except OSError:
+        pass  # no fallback for hpctorch stacks; py-spy still works
+
+
+def node_host(plan: Plan) -> str:
+    import socket
+
+    return plan.nodes[plan.node_rank] if plan.nodes and plan.node_rank < len(plan.nodes) else socket.gethostname()
+
+
+def line_prefix(plan: Plan) -> str:
+    """torch's per-line prefix template: the global rank, and the node when there are several."""
+    if plan.nnodes == 1:
+        return "[rank ${rank}]: "
+    if not plan.node_rank_known:
+        import socket
+
+        where = socket.gethostname()
+    else:
+        where = plan.nodes[plan.node_rank] if plan.nodes else f"node {plan.node_rank}"
+    return f"[{where} rank ${{rank}}]: "
+
+
+def process_start() -> float:
+    """When this hpctorch process started (seconds since the epoch): wall time and start-up
+    figures count from there, not from the launch."""
+    from ..timings import start_time
+
+    return start_time()
+
+
+def signal_groups(processes: Sequence[subprocess.Popen], sig: int) -> None:
+    """``sig`` to each live process's group (a worker's data loaders, an agent's workers),
+    or to the process alone where there are no groups (Windows)."""
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, sig) if hasattr(os, "killpg") else process.send_signal(sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def signal_processes(processes: Sequence[subprocess.Popen], sig: int) -> None:
+    """``sig`` to each live process alone, not its group (a preemption notice: the worker's
+    handler checkpoints; its data loaders would die of a SIGUSR1)."""
+    for process in processes:
+        if process.poll() is None:
+            try:
+                process.send_signal(sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def requeue_if_preempted(plan: Plan, preempted: Sequence[int], requeue: bool) -> None:
+    """After a preemption signal, node 0 asks the scheduler to requeue the job."""
+    if not (requeue and preempted and plan.node_rank == 0 and plan.job_id):
+        return
+    command = list(plan.requeue)
+    if not command:
+        print(f"hpctorch: --requeue: {plan.scheduler} has no requeue command; not requeued", file=sys.stderr)
+        return
+    try:
+        done = subprocess.run([*command, plan.job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"hpctorch: --requeue: {command[0]} failed: {exc}", file=sys.stderr)
+        return
+    outcome = "requeued" if done.returncode == 0 else f"not requeued: {done.stderr.strip()}"
+    print(f"hpctorch: preempted by {signal.Signals(preempted[0]).name}; job {plan.job_id} {outcome}", file=sys.stderr, flush=True)
+
+
+def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str) -> WorkersFailed:
+    """The first failure, as every node prints it: which rank, on which node, how, where to look."""
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes and plan.node_rank < len(plan.nodes) else ""
+    node = f" on node {plan.node_rank}{host}" if plan.nnodes > 1 else ""
+    return WorkersFailed(f"rank {rank}{node} (local rank {local_rank}) {how}; details: {where}", exit_code=128 - code if code < 0 else 1)
