@@ -44,6 +44,9 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "--mode", "per-task", "--stall-timeout", "30", SCRIPT), ("per-task", "hpctorch stacks")),
         (("stacks", "--timeout", "-1"), ("--timeout -1",)),
         (("plan", "--master-port", "70000"), ("70000",)),
+        # Was a traceback under torch's agent ("Not a directory" under hpctorch's starter).
+        (("run", "--log-dir", SCRIPT, "--nproc-per-node", "2", SCRIPT), (f"--log-dir {SCRIPT} is a file", "give --log-dir a folder")),
+        (("run", "--log-dir", SCRIPT, "--max-restarts", "1", SCRIPT), (f"--log-dir {SCRIPT} is a file", "give --log-dir a folder")),
         (("hostlist", "expand", "n[1-"), ("never closed",)),
         (("run",), ("script",)),
         (("submit", "--nodes", "0", "--time", "1:00", "--scheduler", "slurm", "--dry-run", SCRIPT), ("--nodes 0",)),
@@ -78,3 +81,25 @@ def test_busy_explicit_port_on_the_master() -> None:
         held.listen()
         port = str(held.getsockname()[1])
         _assert_one_line(("run", "--nproc-per-node", "1", "--master-port", port, SCRIPT), clean_env(), port, "already in use")
+
+
+def test_a_full_dev_shm_is_one_line_naming_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """hpctorch's own starter on several nodes keeps node-local files in /dev/shm: full, it was a
+    traceback. Here a private, tiny /dev/shm (unshare --mount), filled before hpctorch starts."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from ..conftest import require
+
+    require(hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("unshare") is not None, "needs root and unshare")
+    fill = "mount -t tmpfs -o size=64k tmpfs /dev/shm && (dd if=/dev/zero of=/dev/shm/fill bs=4k 2>/dev/null; true) && exec \"$0\" \"$@\""
+    argv = [sys.executable, "-m", "hpctorch", "run", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+            "--master-port", "29911", "--nproc-per-node", "1", SCRIPT]
+    done = subprocess.run(["unshare", "--mount", "--", "sh", "-c", fill, *argv], capture_output=True, text=True, env=clean_env(),
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("hpctorch: error: No space left on device: /dev/shm/") and "; fix: free space there" in last, done.stderr
+    assert "Traceback" not in done.stderr

@@ -104,3 +104,42 @@ def test_native_frames_stay_in_the_dump_but_do_not_name_the_stack() -> None:
     (group,) = groups.merge([groups.groups([plain, mixed])])
     assert group["ranks"] == [0, 1] and group["text"] == "all_reduce ← train_step train.py:42"
     assert "libtorch_cpu.so" in groups.full_text([mixed])
+
+
+
+TEARING_DOWN = """
+import os, signal, sys, time
+from hpctorch.host.folders import stack_file
+from hpctorch.host.signals import STACK_SIGNAL
+path = stack_file(sys.argv[1], os.getpid())
+open(path, "w").close()
+signal.signal(STACK_SIGNAL, lambda *_: (os.remove(path), os._exit(1)))  # exiting: its atexit removes the file
+open(sys.argv[2], "w").close()
+time.sleep(60)
+"""
+
+
+def test_a_worker_whose_stack_file_goes_at_teardown_is_an_exited_rank_not_an_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Reproduced before: the capture's FileNotFoundError escaped, and hpctorch's starter said
+    "cannot start '.../python': No such file or directory" instead of naming the failed rank."""
+    import subprocess
+    import sys
+    import time
+
+    from hpctorch.host.signals import STACK_SIGNAL
+    from hpctorch.stacks.dump import Worker, capture
+
+    if STACK_SIGNAL is None:
+        return  # no faulthandler fallback on this platform
+    ready = tmp_path / "ready"
+    process = subprocess.Popen([sys.executable, "-c", TEARING_DOWN, str(tmp_path), str(ready)])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline and process.poll() is None, "the worker never got ready"
+            time.sleep(0.01)
+        [stack] = capture([Worker(process.pid, 1, 1, 0, "n1", str(tmp_path))], method="faulthandler", budget_s=5)
+        assert (stack.method, stack.note) == ("faulthandler", "exited")
+    finally:
+        process.kill()
+        process.wait()

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..errors import HpctorchError
+from ..errors import HpctorchError, os_error_line
 from ..plan.types import DEFAULT_RDZV_TIMEOUT_S, MODES, Options, Plan
 from ..schedulers import hostlist
 from . import torchrun
@@ -286,6 +286,8 @@ def _run(args: argparse.Namespace) -> int:
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
     local_ranks = _local_ranks(args)
     stall = _stall(args)
+    if args.log_dir and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
+        raise HpctorchError(f"--log-dir {args.log_dir} is a file", "give --log-dir a folder (it is made if missing)")
     from .. import timings
 
     timings.enable_from(args.timings)
@@ -440,10 +442,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HpctorchError as exc:
         print(f"hpctorch: error: {exc.line()}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # the machine's answer (a full /dev/shm, a file where a folder belongs): one line, no traceback
+        print(f"hpctorch: error: {os_error_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -148,16 +148,19 @@ def _by_faulthandler(worker: Worker, deadline: float) -> RankStack:
     except OSError as exc:
         return RankStack(worker, note=f"faulthandler: {exc.strerror}")
     text, stable_since, size = "", None, start
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        now_size = os.stat(path).st_size
-        if now_size != size:
-            size, stable_since = now_size, time.monotonic()
-        elif size > start and stable_since is not None and time.monotonic() - stable_since > 0.1:
-            break
-    with open(path, encoding="utf-8", errors="replace") as dump:
-        dump.seek(start)
-        text = dump.read()
+    try:  # the worker may exit meanwhile, and its file go with it (a teardown)
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            now_size = os.stat(path).st_size
+            if now_size != size:
+                size, stable_since = now_size, time.monotonic()
+            elif size > start and stable_since is not None and time.monotonic() - stable_since > 0.1:
+                break
+        with open(path, encoding="utf-8", errors="replace") as dump:
+            dump.seek(start)
+            text = dump.read()
+    except FileNotFoundError:
+        return RankStack(worker, method="faulthandler", note="exited")
     if not text:
         return RankStack(worker, method="faulthandler", note="exited" if not alive(worker.pid) else "faulthandler wrote nothing in time")
     return RankStack(worker, parse_faulthandler(text), method="faulthandler")

@@ -90,8 +90,12 @@ def _agreement_files(plan: Plan) -> tuple[str, str, str]:
 
     state = tempfile.mkdtemp(prefix="hpctorch-node-", dir=polling_root())
     plan_file, result = paths(state)
-    with open(plan_file, "w", encoding="utf-8") as out:
-        out.write(plan.to_json())
+    try:
+        with open(plan_file, "w", encoding="utf-8") as out:
+            out.write(plan.to_json())
+    except OSError as exc:  # a full /dev/shm fails the write, which names no file
+        shutil.rmtree(state, ignore_errors=True)
+        raise OSError(exc.errno, exc.strerror, exc.filename or plan_file) from None
     return state, plan_file, result
 
 
@@ -118,7 +122,7 @@ def _log_root(plan: Plan, log_dir: str | None) -> str:
         os.makedirs(base, exist_ok=True)
         return os.path.join(tempfile.mkdtemp(prefix=f"{plan.run_id}_node{plan.node_rank}_", dir=base), "attempt_0")
     except OSError as exc:
-        raise HpctorchError(f"--log-dir {base}: {exc.strerror}", "give --log-dir a folder you can write") from None
+        raise HpctorchError(f"--log-dir {base}: {exc.strerror}", "give --log-dir a folder you can write (it is made if missing)") from None
 
 
 class _Output:
@@ -207,7 +211,10 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
                 from ..guard.agreement_worker import AGREEMENT_ENV, RESULT_ENV, WAIT_ENV
 
                 env.update({RESULT_ENV: files[2], WAIT_ENV: str(plan.rdzv_timeout + 60), **({AGREEMENT_ENV: files[1]} if local == 0 else {})})
-            process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            try:
+                process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            except OSError as exc:
+                raise HpctorchError(f"cannot start {command[0]!r}: {exc.strerror}", "check the command and PATH") from None
             workers.append(process)
             output.follow(worker.rank, local, process.stdout, sys.stdout, "stdout.log")  # type: ignore[arg-type]
             output.follow(worker.rank, local, process.stderr, sys.stderr, "stderr.log")  # type: ignore[arg-type]
@@ -216,11 +223,14 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
 
             helper = Helper(root, files[0], time.time() - started, stall)  # type: ignore[index]
         failure, final = _wait(plan, workers, _exit_times(workers), received, root, helper, files[2] if files else "")
-    except OSError as exc:
+    except (OSError, HpctorchError) as exc:
+        # Reported as what it is (the CLI prints an OSError's cause and path), and the other nodes
+        # are told: this node's workers are stopped, and theirs must not wait for them.
         _stop(workers)
         if helper is not None:
-            helper.end("quit")
-        raise HpctorchError(f"cannot start {plan.command[0]!r}: {exc.strerror}", "check the command and PATH") from None
+            told = exc.line() if isinstance(exc, HpctorchError) else f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+            helper.end("failed", f"node {plan.node_rank}: hpctorch failed: {told}")
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
