@@ -200,7 +200,8 @@ def test_batch_script_relaunches_every_rank_when_slurm_can_start_and_bind_them()
 
 
 def test_relaunched_ranks_do_not_get_nproc_per_node_again() -> None:
-    from hpctorch.cli.main import _parser, _without_nproc
+    from hpctorch.cli.main import _without_nproc
+    from hpctorch.cli.parser import parser as _parser
 
     argv = ["run", "--nproc-per-node", "4", "--nproc_per_node=4", "--timings", "train.py", "--nproc-per-node", "7"]
     args = _parser("run").parse_args(argv)

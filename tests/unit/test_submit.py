@@ -65,7 +65,7 @@ def test_signals_and_unsupported_combinations() -> None:
 
 
 def test_cli_knows_every_scheduler_submit_knows() -> None:
-    from hpctorch.cli.main import _parser
+    from hpctorch.cli.parser import parser as _parser
     from hpctorch.submit.jobscript import SUBMIT_COMMANDS
 
     for name in SUBMIT_COMMANDS:

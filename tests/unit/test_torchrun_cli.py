@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctorch.cli.main import _options, _parser
+from hpctorch.cli.main import _options
+from hpctorch.cli.parser import parser as _parser
 from hpctorch.cli.torchrun import not_python
 from hpctorch.errors import HpctorchError
 

@@ -1,5 +1,6 @@
-"""The command line: ``main`` (argparse, one handler per subcommand, errors as one line) and
-``torchrun`` (torchrun's options, under their names and meanings).
+"""The command line: ``main`` (one handler per subcommand, errors as one line), ``parser``
+(every subcommand's options, a bad command line as one line) and ``torchrun`` (torchrun's
+options, under their names and meanings).
 
 May import every stage; nothing imports it but ``__main__``.
 """

@@ -1,0 +1,137 @@
+"""hpctorch's command line as argparse sees it: every subcommand's options (torchrun's among
+``run``'s, from ``torchrun``), and a parser that reports a bad command line in one line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..errors import HpctorchError
+from ..plan.types import DEFAULT_RDZV_TIMEOUT_S, MODES
+from . import torchrun
+from .torchrun import nnodes_range
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as one line, exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # Printed after "hpctorch: error: ", so the program's name is not repeated.
+        where = self.prog.removeprefix("hpctorch").strip()
+        raise HpctorchError(f"{where + ': ' if where else ''}{message}", f"see '{self.prog} --help'")
+
+
+def _nproc(value: str) -> int | None:
+    # torchrun also accepts these words; "gpu" and "auto" both mean one per GPU.
+    if value in ("auto", "gpu"):
+        return None
+    if value == "cpu":
+        return os.cpu_count() or 1
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a count, 'gpu', 'cpu' or 'auto'") from None
+
+
+def _add_launch_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--nproc-per-node", "--nproc_per_node", type=_nproc, default=None, help="workers per node: N, gpu, cpu or auto (default: visible GPUs, else 1)")
+    add("--nnodes", type=nnodes_range, default=None, metavar="N|MIN:MAX", help="node count when no scheduler tells it; MIN:MAX with --rdzv-backend c10d")
+    add("--node-rank", "--node_rank", type=int, default=None, help="this node's rank when no scheduler tells it")
+    add("--master-addr", "--master_addr", default=None, help="address of the node holding rank 0")
+    add("--master-port", "--master_port", type=int, default=None, help="rendezvous port (default: derived from the job id, else free)")
+    add("--iface", default=None, help="network interface: a name, a glob (hsn*) or a CIDR")
+    add("--gpus-per-proc", type=int, default=None, metavar="K", help="GPUs each process gets (default 1; local rank r uses visible devices [r*K, (r+1)*K))")
+    add("--cpu-bind", choices=("none", "cores", "numa"), default=None, help="bind each worker to its share of CPUs (default: cores when more than one worker)")
+    add("--mode", choices=MODES, default="auto", help="per-node: start workers here; per-task: this process is one rank")
+    add("--simulate-nodes", type=int, default=None, metavar="N", help="run N node agents on this machine (loopback)")
+    add("--max-restarts", "--max_restarts", type=int, default=0)
+    add("--rdzv-timeout", type=int, default=DEFAULT_RDZV_TIMEOUT_S, metavar="S", help="seconds to wait for all nodes")
+    add("--run-id", "--rdzv-id", "--rdzv_id", dest="run_id", default=None)
+    add("--hostfile", default=None, metavar="FILE", help="no scheduler: the job's hosts, one per line ('host', 'host slots=N', 'host:N')")
+    add("--hosts", default=None, metavar="A,B,...", help="no scheduler: the job's hosts, comma-separated")
+    add("--rendezvous-dir", default=None, metavar="DIR", help="a directory all nodes share, to exchange the master's address (default: the job's submit directory)")
+    add("--log-dir", "--log_dir", default=None, help="keep each worker's output under this directory")
+    add("--tee", "-t", default=None, help="torchrun's --tee: also copy std streams to --log-dir (0-3)")
+    add("--redirects", "-r", default=None, help="torchrun's --redirects (0-3)")
+    add("--no-prefix", action="store_true", help="leave workers' output as it is (default: each line starts with [host rank R])")
+    add("--quiet-ranks", action="store_true", help="show only rank 0's output on the terminal (every rank's is kept in --log-dir)")
+    add("--console-ranks", default=None, metavar="R,R,...", help="global ranks whose output reaches the terminal")
+    add("--verbose", "-v", action="store_true", help="print the whole plan (every worker's environment) before starting")
+    add("--quiet", "-q", action="store_true", help="print nothing of hpctorch's own but errors (no banner, progress or summary)")
+    add("--summary-json", default=None, metavar="FILE", help="node 0 writes the closing summary there as JSON")
+    add("--requeue", action="store_true", help="after a preemption signal (SIGUSR1/2), requeue the job with the scheduler's command")
+    add("--standalone", action="store_true", help="as torchrun: this machine alone, whatever launched it, on a free local port")
+    add("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
+    add("--no-python", "--no_python", action="store_true", help="run the script as an executable, not with python")
+    torchrun.add_options(parser)
+
+
+def parser(only: str | None = None) -> _Parser:
+    """The command line; with ``only``, just that subcommand gets its options (argparse
+    spends milliseconds per option, and ``hpctorch plan`` must answer fast)."""
+    parser = _Parser(prog="hpctorch", description="Run PyTorch distributed scripts under any launcher.", allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="start a training script", allow_abbrev=False)
+    if only in (None, "run"):
+        _add_launch_options(run)
+        run.add_argument("--stall-timeout", type=float, default=None, metavar="S",
+                         help="when no rank wrote any output for S seconds, print every rank's stack (grouped)")
+        run.add_argument("--stall-action", choices=("dump", "kill"), default="dump", help="after the stacks: go on (dump) or end the job (kill)")
+        run.add_argument("--timings", action="store_true", help="rank 0 prints where startup went, stage by stage, slowest node first")
+        run.add_argument("script", help="training script (or module with -m)")
+        run.add_argument("script_args", nargs=argparse.REMAINDER)
+    plan = sub.add_parser("plan", help="print what run would do, start nothing", allow_abbrev=False)
+    if only in (None, "plan"):
+        _add_launch_options(plan)
+        plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+        plan.add_argument("--explain", action="store_true", help="show which variable each value came from")
+        plan.add_argument("script", nargs="?", default=None)
+        plan.add_argument("script_args", nargs=argparse.REMAINDER)
+    doctor = sub.add_parser("doctor", help="run like the job on every node: find out why it would not start", allow_abbrev=False)
+    if only in (None, "doctor"):
+        _add_launch_options(doctor)
+        doctor.add_argument("--timeout", type=float, default=30, metavar="S", help="seconds the whole check may take (default 30)")
+        doctor.add_argument("--json", default=None, metavar="FILE", help="write the whole report as JSON ('-' for stdout), for a bug report")
+    job = sub.add_parser("submit", help="write a job script for a scheduler and submit it", allow_abbrev=False)
+    if only in (None, "submit"):
+        add = job.add_argument
+        add("--nodes", type=int, required=True)
+        add("--time", required=True, help="wall time: 2:00:00, 90 (minutes), 1-12:00:00, 90m, 2h")
+        add("--gpus-per-node", type=int, default=None)
+        add("--cpus-per-node", type=int, default=None)
+        add("--nproc-per-node", "--nproc_per_node", type=int, default=None, help="workers per node (default: --gpus-per-node, else hpctorch's default)")
+        add("--partition", "--queue", "-p", default=None)
+        add("--account", "-A", default=None)
+        add("--job-name", default="hpctorch")
+        add("--output", default=None, help="log file pattern (default per scheduler, e.g. hpctorch-%%x-%%j.out)")
+        from ..submit.jobscript import SUBMIT_COMMANDS
+
+        add("--scheduler", choices=sorted(SUBMIT_COMMANDS), default=None, help="default: the one whose submit command is on PATH")
+        add("--preempt-signal", default=None, metavar="SIG@SECONDS", help="e.g. USR1@120: signal every rank this long before the end")
+        add("--requeue", action="store_true", help="let the scheduler requeue the job")
+        add("--dry-run", action="store_true", help="print the script, submit nothing")
+        add("--template", default=None, metavar="FILE", help="your own template (placeholders as in the packaged ones)")
+        add("--job-script", default=None, metavar="FILE", help="where to write the job script (default: hpctorch-JOBNAME.SCHEDULER.sh)")
+        for flag in ("--sbatch-arg", "--qsub-arg", "--bsub-arg", "--flux-arg", "--scheduler-arg"):
+            add(flag, dest="extra", action="append", default=[], metavar="ARG", help="passed to the scheduler as a directive" if flag == "--scheduler-arg" else argparse.SUPPRESS)
+        add("--iface", default=None, help="passed on to hpctorch run")
+        add("-m", "--module", action="store_true")
+        add("script")
+        add("script_args", nargs=argparse.REMAINDER)
+    stacks = sub.add_parser("stacks", help="print where every rank of a running job is (grouped stacks)", allow_abbrev=False)
+    if only in (None, "stacks"):
+        from ..stacks.dump import METHODS
+
+        stacks.add_argument("--run-id", default=None, help="the job's run id, when several of your jobs run here")
+        stacks.add_argument("--method", choices=METHODS, default="auto", help="py-spy (ptrace), faulthandler (a signal), or auto: py-spy, then faulthandler")
+        stacks.add_argument("--native", action="store_true", help="py-spy: include native (C/C++) frames in the full dump")
+        stacks.add_argument("--timeout", type=float, default=20, metavar="S", help="node 0 waits this long for the other nodes (default 20)")
+    hosts = sub.add_parser("hostlist", help="expand or compress Slurm hostlists", allow_abbrev=False)
+    if only in (None, "hostlist"):
+        hosts_sub = hosts.add_subparsers(dest="action", required=True, parser_class=_Parser)
+        hosts_sub.add_parser("expand", help="EXPR -> one name per line").add_argument("expr")
+        hosts_sub.add_parser("compress", help="NAMES... -> one hostlist").add_argument("names", nargs="+")
+    return parser
