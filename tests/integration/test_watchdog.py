@@ -119,3 +119,35 @@ def test_a_reason_read_from_the_store_reaches_the_terminal_with_its_control_char
     assert acted[1] == "rank 0 exited\\x1b]0;pwned\\x07\\x0d\\x1b[2Kall is well\\x0anext"
     for dog in dogs:
         dog.close()
+
+
+def test_a_stalled_file_system_on_one_node_does_not_make_it_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 1's log folder hangs (a shared file system stalled for 30 s): sizing it blocks, but
+    its beats go on and node 0 names nobody. Before, the sizing ran in the beating thread."""
+    import threading
+
+    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)  # above the 2 s between beats
+    port = free_port()
+    server = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
+                                        wait_for_workers=False, multi_tenant=True)
+    stalled, sized = threading.Event(), threading.Event()
+
+    def hanging_size() -> int:
+        sized.set()
+        stalled.wait(60)
+        return 0
+
+    acted: dict[int, str] = {}
+    stalls = [watchdog.StallWatch(600, False, lambda: 0), watchdog.StallWatch(600, False, hanging_size)]
+    dogs = [watchdog.JobWatchdog(plan(n, 2, port), 30, on_abort=lambda reason, n=n: acted.setdefault(n, reason), stall=stalls[n]).start()
+            for n in range(2)]
+    try:
+        wait_for(sized.is_set)
+        before = server.add("hpctorch/wd/beat/1", 0)
+        # Node 1 beats on, past SILENT_AFTER_S (or node 0 called it silent: the failure).
+        wait_for(lambda: acted or server.add("hpctorch/wd/beat/1", 0) >= before + 3)
+        assert acted == {}
+    finally:
+        stalled.set()
+        for dog in dogs:
+            dog.close()

@@ -26,7 +26,8 @@ With ``--stall-timeout`` every node also adds one to ``out/<node>`` in a poll wh
 workers' output grew, and reads the counter ``stacks/want`` (one request); node 0 reads every
 ``out`` in one ``multi_get``. When none moved for the timeout, node 0 asks for a dump (adds
 one to ``stacks/want``: each node answers once, then again only after output resumed and
-stalled again) or, with ``--stall-action kill``, sets ``abort``.
+stalled again) or, with ``--stall-action kill``, sets ``abort``. That runs in a thread of its
+own: sizing the logs (on a stalled shared file system) or taking stacks never delays a beat.
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ class JobWatchdog:
         self._acked = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpctorch-watchdog", daemon=True)
+        # Sizing the logs and taking stacks can block (a stalled shared file system, py-spy, the
+        # collection's wait): never in the beating thread, or node 0 would call a healthy node silent.
+        self._side = threading.Thread(target=self._watch_output_loop, name="hpctorch-stall-watch", daemon=True)
         self._beats = [f"{self.prefix}beat/{n}" for n in range(plan.nnodes)] if plan.is_master else []
         self.startup_s = startup_s
         """Seconds from this node's hpctorch start to its workers' start; node 0 reads every node's."""
@@ -144,8 +148,9 @@ class JobWatchdog:
         # Join before the last write and before this process exits: a daemon thread
         # left inside a C++ store call at interpreter shutdown aborts the process.
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=STORE_TIMEOUT_S + POLL_S + 1)
+        for thread in (self._thread, self._side):
+            if thread.is_alive():
+                thread.join(timeout=STORE_TIMEOUT_S + POLL_S + 1)
         store, self._store = self._store, None
         if store is None:
             return
@@ -195,7 +200,8 @@ class JobWatchdog:
             aborted = store.check([self.prefix + "abort"])
             if aborted and store.add(self.prefix + "ack", 0) >= self.plan.nnodes:
                 return
-            if not aborted and all(v == DONE for v in store.multi_get(self._beats)):
+            # check first: a get of a key never set waits for it, and a node may never have beaten
+            if not aborted and store.check(self._beats) and all(v == DONE for v in store.multi_get(self._beats)):
                 return
             time.sleep(POLL_S / 5)
 
@@ -242,6 +248,7 @@ class JobWatchdog:
                 store.add(f"{self.prefix}out/{self.plan.node_rank}", 0)  # exists before this node's first beat
             except Exception:  # noqa: BLE001 - the loop below reports a store that is gone
                 pass
+            self._side.start()
         last_ok = time.monotonic()
         master_finished = False
         polls = 0
@@ -267,14 +274,23 @@ class JobWatchdog:
                         self._set_abort(store, reason)
                         self._abort(store, reason)
                         return
-                if self.stall is not None:
-                    self._watch_output(store)
                 last_ok = now
             except Exception:  # noqa: BLE001 - the master's store went away
                 if self._stop.is_set() or master_finished:
                     return  # node 0's workers all succeeded and its agent left: ours finish too
                 if now - last_ok > UNREACHABLE_AFTER_S:
                     self._abort(store, f"the master's store at {self.endpoint[0]}:{self.endpoint[1]} is gone (node 0 failed?)")
+                    return
+
+    def _watch_output_loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            store = self._store
+            if store is None:
+                return
+            try:
+                self._watch_output(store)
+            except Exception:  # noqa: BLE001 - the beating thread reports a store that is gone
+                if self._stop.is_set():
                     return
 
     def _watch_output(self, store) -> None:  # type: ignore[no-untyped-def]
