@@ -98,13 +98,12 @@ def test_a_symbolic_link_in_place_of_the_folder_is_refused(neighbour: tuple[int,
 
 def test_stack_dumps_and_the_library_shim_never_go_into_the_neighbours_folder(neighbour: tuple[int, int], shared_tmp: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TMPDIR", str(shared_tmp))
-    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.setattr(folders, "polling_root", lambda: str(shared_tmp))
     as_neighbour(neighbour, "mkdir", "-m", "0777", str(shared_tmp / MINE))
-    assert folders.dump_dir() == str(shared_tmp / MINE)
+    assert folders.node_dir() == str(shared_tmp / MINE)
     assert write_dump([], "test") is None
     with pytest.raises(HpctorchError, match=f"belongs to user {NEIGHBOUR}"):
-        folders.private_dir(os.path.join(folders.private_dir(folders.dump_dir()), "mpich-abi"))
+        folders.private_dir(os.path.join(folders.private_dir(folders.node_dir()), "mpich-abi"))
     assert list((shared_tmp / MINE).iterdir()) == []
 
 

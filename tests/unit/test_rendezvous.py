@@ -222,3 +222,36 @@ def test_no_file_is_offered_where_node_0_is_listed_by_address_or_nothing_is_shar
     assert make_plan(allocation, Options(command=("x",)), host).master_exchange is None
     named = Allocation(launcher=slurm.LAUNCHER, nodes=("node1", "node2"), tasks_per_node=(1, 1), job_id="42", node_rank=0)
     assert make_plan(named, Options(command=("x",)), host).master_exchange is None
+
+
+def test_stack_dumps_and_the_file_store_live_on_the_node_whatever_tmpdir_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TMPDIR on shared scratch held every node's stack dumps side by side."""
+    import tempfile
+
+    from hpctorch.host import folders
+    from hpctorch.stacks.job import write_dump
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.setattr(folders, "polling_root", lambda: str(tmp_path / "shm"))
+    (tmp_path / "shm").mkdir()
+    dump = write_dump([], "test")
+    assert dump and dump.startswith(str(tmp_path / "shm" / "hpctorch-"))
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_a_sweep_removes_only_old_entries_of_the_names_given(tmp_path: Path) -> None:
+    import os
+
+    from hpctorch.host.folders import sweep
+
+    old_file, old_dir, new_file, other = tmp_path / "a.master.json", tmp_path / "b.agreement", tmp_path / "c.master.json", tmp_path / "d.txt"
+    old_dir.mkdir()
+    (old_dir / "node1.json").write_text("{}")
+    for path in (old_file, new_file, other):
+        path.write_text("{}")
+    for path in (old_file, old_dir, other):
+        os.utime(path, (time.time() - 3 * 86400,) * 2)
+    sweep(str(tmp_path), (".master.json", ".agreement"), 86400)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.master.json", "d.txt"]

@@ -207,3 +207,15 @@ def test_relaunched_ranks_do_not_get_nproc_per_node_again() -> None:
     args = _parser("run").parse_args(argv)
     args.argv = argv
     assert _without_nproc(args) == ["run", "--timings", "train.py", "--nproc-per-node", "7"]
+
+
+def test_a_requeued_job_gets_a_run_id_of_its_own() -> None:
+    """Same job and step ids after a requeue: without the restart count its file store, master
+    record and agreement folder were the previous run's (a file store's keys read again)."""
+    from hpctorch.start.filestore import paths
+
+    first = make_plan(detect(load_env("slurm/srun_2x2_rank3.env")), Options(command=("x",)), facts())
+    again = make_plan(detect(load_env("slurm/srun_2x2_rank3.env", SLURM_RESTART_COUNT="1")), Options(command=("x",)), facts())
+    assert again.run_id == first.run_id + "-r1"
+    assert set(paths("/shared", first.run_id)).isdisjoint(paths("/shared", again.run_id))
+    assert again.agreement_dir != first.agreement_dir and again.master_port == first.master_port

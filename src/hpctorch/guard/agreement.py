@@ -17,12 +17,14 @@ import datetime
 import functools
 import hashlib
 import json
+import os
 import socket
 import time
 from collections.abc import Mapping
 
 from ..errors import HpctorchError
 from ..host import network
+from ..host.folders import sweep
 from ..plan.types import Plan
 from ..progress import Progress
 from ..schedulers import hostlist
@@ -39,6 +41,9 @@ of nodes, a lossy link) needs longer than a poll to be answered."""
 second (``sharedfiles``), and read only once the store has not settled it quickly."""
 FILES_AFTER_S = 2.0
 GRACE_S = 2.5
+SHARED_KEPT_S = 86400.0
+"""What earlier runs left in the shared folder (master records, agreement and doctor folders)
+is removed by node 0 once this old."""
 """A node that found a disagreement keeps beating this long, so the others see it too."""
 STORE_PREFIX = "hpctorch/agreement/"
 FIELDS = (
@@ -138,6 +143,8 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
     Returns node 0's store, to be kept open until torch's rendezvous has taken it over.
     """
     mine = record(plan)
+    if plan.is_master and plan.agreement_dir:  # once per job, by node 0 alone: earlier runs' leftovers
+        sweep(os.path.dirname(plan.agreement_dir), (".master.json", ".agreement", ".doctor"), SHARED_KEPT_S)
     files = BeatingFiles(plan.agreement_dir, plan.node_rank, mine)
     started = time.monotonic()
     deadline = started + timeout_s

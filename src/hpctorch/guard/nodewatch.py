@@ -77,7 +77,10 @@ class Helper:
 
     def end(self, how: str, line: str = "", stacks: tuple[list[dict], str | None] | None = None, wait_s: float = 15.0) -> dict:
         """Say how this node ended; the helper's closing message (empty if none came). A helper
-        that never reached the store has nothing to say and is not waited for."""
+        that never reached the store has nothing to say and is not waited for. Once only: a
+        second call (an error after the first) returns what the first got."""
+        if self.process.stdin is None or self.process.stdin.closed:
+            return self.final
         self.poll()
         if not self.connected and how in ("finished", "quit"):
             self.process.kill()  # perhaps still importing torch: nothing to say, nobody to tell

@@ -15,6 +15,7 @@ import os
 import socket
 import stat
 import threading
+import time
 
 from ..errors import HpctorchError
 from .processes import alive
@@ -26,12 +27,15 @@ def stack_file(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{_host()}-{pid}.stack")
 
 
-def dump_dir() -> str:
-    """hpctorch's directory for this user on this node (stack dumps, the file rendezvous on
-    one machine, the MPICH library name bridge); a path only: ``private_dir`` makes it."""
+def node_dir() -> str:
+    """hpctorch's folder for this user on this node (a path only: ``private_dir`` makes it):
+    under ``polling_root``, whatever TMPDIR says (some sites point it at a shared scratch file
+    system, where two nodes' files would meet), else in the temporary directory. It holds the
+    per-task relay, workers' faulthandler files, stack dumps, the one-machine file store and
+    the MPICH library name bridge."""
     import tempfile
 
-    return os.path.join(tempfile.gettempdir(), f"hpctorch-{_user()}")
+    return os.path.join(polling_root() or tempfile.gettempdir(), f"hpctorch-{_user()}")
 
 
 def polling_root() -> str | None:
@@ -40,12 +44,6 @@ def polling_root() -> str | None:
     scratch file system), where it is there and writable; else None (the temporary directory)."""
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-
-
-def polling_dir() -> str:
-    """hpctorch's directory for this user under ``polling_root`` (a path only)."""
-    root = polling_root()
-    return os.path.join(root, f"hpctorch-{_user()}") if root else dump_dir()
 
 
 def private_dir(path: str) -> str:
@@ -106,12 +104,37 @@ def replace_file(path: str, text: str) -> None:
     os.replace(temporary, path)
 
 
+def sweep(folder: str, suffixes: tuple[str, ...], max_age_s: float, prefix: str = "") -> None:
+    """Remove what earlier runs left in ``folder`` (one of ours): entries named ``prefix...suffix``
+    untouched for ``max_age_s``, files or folders. One directory scan; errors are ignored (a
+    neighbouring node may sweep the same shared folder at the same time)."""
+    import shutil
+
+    now = time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and entry.name.endswith(suffixes)):
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime <= max_age_s:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.remove(entry.path)
+        except OSError:
+            pass
+
+
 def faulthandler_dir() -> str:
     """Where workers' faulthandler files go (``HPCTORCH_STACKS_DIR``): node-local memory
     where there is /dev/shm (never a shared TMPDIR); created here, and this host's files of
     processes that are gone (killed before they could remove their own) removed. Another
     node's files are never touched."""
-    path = private_dir(os.path.join(private_dir(polling_dir()), "faulthandler"))
+    path = private_dir(os.path.join(private_dir(node_dir()), "faulthandler"))
     mine = f"{_host()}-"
     for name in os.listdir(path):
         pid = name.removeprefix(mine).removesuffix(".stack")

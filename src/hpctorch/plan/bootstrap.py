@@ -142,10 +142,10 @@ def _mpich_soname_shim() -> None:
             real = next(line.split()[-1] for line in maps if "libmpich.so.12" in line)
     except (OSError, StopIteration):
         return
-    from ..host.folders import dump_dir, private_dir
+    from ..host.folders import node_dir, private_dir
 
     try:  # put first on the library path: only a folder no one else can have prepared
-        shim = private_dir(os.path.join(private_dir(dump_dir()), "mpich-abi"))
+        shim = private_dir(os.path.join(private_dir(node_dir()), "mpich-abi"))
     except HpctorchError as exc:
         sys.stderr.write(f"hpctorch: no libmpi.so.12 name for MPICH: {exc.line()}\n")
         return

@@ -270,9 +270,9 @@ def _file_store_dir(options: Options, nnodes: int) -> str:
 
 def default_file_store_dir() -> str:
     """One machine's file store: in hpctorch's own folder (made private when used)."""
-    from ..host.folders import dump_dir
+    from ..host.folders import node_dir
 
-    return os.path.join(dump_dir(), "filestore")
+    return os.path.join(node_dir(), "filestore")
 
 
 def _simulated_plan(allocation: Allocation, options: Options, facts: HostFacts) -> Plan:

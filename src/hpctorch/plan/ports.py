@@ -58,7 +58,9 @@ def job_key(allocation: Allocation, options: Options) -> str | None:
         return options.run_id
     if allocation.job_id:
         step = f".{allocation.step_id}" if allocation.step_id else ""
-        return f"{allocation.scheduler}-{allocation.job_id}{step}"
+        # A requeued job keeps its id: each run its own store files, records and folders.
+        again = f"-r{allocation.restarts}" if allocation.restarts else ""
+        return f"{allocation.scheduler}-{allocation.job_id}{step}{again}"
     return None
 
 

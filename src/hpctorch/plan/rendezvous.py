@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..errors import HpctorchError
+from ..host.folders import sweep
 from ..progress import Progress
 from .types import Plan
 
@@ -34,6 +35,8 @@ POLL_MAX_S = 2.0
 RELAY_POLL_S = 0.02
 RELAY_GRACE_S = 5.0
 RELAY_FRESH_S = 10.0
+KEPT_S = 86400.0
+"""Records of earlier runs (relays, the shared folder's) are removed once this old."""
 """Local rank 0 touches its marker at every poll (at most every ``POLL_MAX_S``): one older than
 this means it is gone, and the others read the shared file themselves."""
 
@@ -63,7 +66,8 @@ def read_master(plan: Plan) -> str:
         try:
             _write_record(Path(relay), _record(plan, address))
             os.remove(relay + ".reading")
-            _sweep(os.path.dirname(relay))
+            # Relays of earlier jobs (nobody knows when the last local rank read one): gone after a day.
+            sweep(os.path.dirname(relay), (".master.json", ".master.json.reading"), KEPT_S)
         except OSError:
             pass  # the node's other ranks read the shared file themselves
         return address
@@ -71,11 +75,11 @@ def read_master(plan: Plan) -> str:
 
 
 def relay_dir() -> str:
-    """Node-local, in memory where it can be (``host.folders.polling_dir``): the others poll
-    it. Private: a record planted there by another user would name the master."""
-    from ..host.folders import polling_dir, private_dir
+    """Node-local, in memory where it can be (``host.folders.node_dir``): the others poll it.
+    Private: a record planted there by another user would name the master."""
+    from ..host.folders import node_dir, private_dir
 
-    return private_dir(polling_dir())
+    return private_dir(node_dir())
 
 
 def _read_shared(plan: Plan, deadline: float, on_poll: Callable[[], None] | None = None) -> str:
@@ -161,13 +165,6 @@ def _touch(path: str) -> None:
     except OSError:
         pass  # the node's other ranks then read the shared file themselves
 
-
-def _sweep(directory: str, max_age_s: float = 86400) -> None:
-    """Relays of earlier jobs (nobody knows when the last local rank read one): gone after a day."""
-    now = time.time()
-    for entry in os.scandir(directory):
-        if ".master.json" in entry.name and now - entry.stat().st_mtime > max_age_s:
-            os.remove(entry.path)
 
 
 def _fresh(path: str) -> bool:

@@ -76,6 +76,9 @@ class Allocation:
     """Workers each node should start, when the host list says (``host slots=N``)."""
     submit_dir: str | None = None
     """A directory every node of the job shares (where it was submitted from)."""
+    restarts: int = 0
+    """How often the scheduler requeued or restarted this job (the same on every node): a
+    requeued run keeps its job id, and must not read what the previous one left."""
     sources: Mapping[str, str] = field(default_factory=dict)
 
     @property

@@ -5,7 +5,8 @@ Read: SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST / SLURM_JOB_NODELIST,
 SLURM_STEP_NUM_NODES / SLURM_NNODES, SLURM_STEP_TASKS_PER_NODE /
 SLURM_TASKS_PER_NODE (``2(x3),1``), SLURM_STEP_NUM_TASKS / SLURM_NTASKS,
 SLURM_PROCID, SLURM_NODEID, SLURM_LOCALID,
-SLURM_STEP_RESV_PORTS, SLURM_SUBMIT_DIR, and in a batch script SLURM_TASKS_PER_NODE and
+SLURM_STEP_RESV_PORTS, SLURM_SUBMIT_DIR, SLURM_RESTART_COUNT (the times a requeued job has
+restarted), and in a batch script SLURM_TASKS_PER_NODE and
 SLURM_JOB_CPUS_PER_NODE (whether every rank fits as a task); with SLURM_DISTRIBUTION=arbitrary (``srun -m
 arbitrary``), SLURM_HOSTFILE for the node of task 0. Step variables win over job variables. Outside a step (the
 batch script, an salloc shell) on several nodes, hpctorch relaunches itself with
@@ -129,6 +130,7 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
             launched=Launched.BATCH if len(nodes) > 1 else Launched.NODES,
             job_id=job_id,
             submit_dir=env.get("SLURM_SUBMIT_DIR"),
+        restarts=env_int(env, "SLURM_RESTART_COUNT") or 0,
             sources=sources,
         )
 
@@ -176,5 +178,6 @@ def detect(env: Mapping[str, str]) -> Allocation | None:
         local_task_rank=local,
         master_port=port,
         submit_dir=env.get("SLURM_SUBMIT_DIR"),
+        restarts=env_int(env, "SLURM_RESTART_COUNT") or 0,
         sources=sources,
     )

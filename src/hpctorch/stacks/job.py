@@ -16,21 +16,23 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import HpctorchError
-from ..host.folders import create_private_file, dump_dir, private_dir
+from ..host.folders import create_private_file, node_dir, private_dir, sweep
 from . import groups
 from .dump import RankStack, Worker, capture
 
 TEARDOWN_BUDGET_S = 2.0
 TEARDOWN_TITLE = "where the other ranks were when the job was stopped"
 FRESH_S = 120.0
+DUMPS_KEPT_S = 7 * 86400.0
+"""Stack dumps older than this are removed when the next one is written on the node."""
 """A part older than this (left by a dump whose node 0 never collected it) is ignored."""
 
 
 def write_dump(stacks: Iterable[RankStack], label: str) -> str | None:
     """Every thread of every rank to a new file; its path (None if it cannot be written)."""
-    path = os.path.join(dump_dir(), f"stacks-{time.strftime('%Y%m%d-%H%M%S')}-{label}-{os.getpid()}.txt")
+    path = os.path.join(node_dir(), f"stacks-{time.strftime('%Y%m%d-%H%M%S')}-{label}-{os.getpid()}.txt")
     try:
-        private_dir(dump_dir())
+        sweep(private_dir(node_dir()), (".txt",), DUMPS_KEPT_S, prefix="stacks-")
         with open(create_private_file(path), "w", encoding="utf-8") as out:
             out.write(groups.full_text(stacks))
     except (OSError, HpctorchError):
