@@ -16,8 +16,10 @@ enabled = True
 
 
 class Progress:
-    def __init__(self, timeout_s: float, every_s: float = EVERY_S, stream: TextIO | None = None) -> None:
-        self.started = time.monotonic()
+    def __init__(self, timeout_s: float, every_s: float = EVERY_S, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.started = clock()
         self.timeout_s = timeout_s
         self.every_s = every_s
         self.stream = stream or sys.stderr
@@ -26,7 +28,7 @@ class Progress:
 
     def tick(self, describe: Callable[[], str | None]) -> None:
         """Print ``describe()`` (if it says anything) once ``every_s`` has passed since the last line."""
-        now = time.monotonic()
+        now = self.clock()
         if not enabled or now < self.next:
             return
         self.next = now + self.every_s

@@ -64,15 +64,18 @@ def test_init_under_srun_without_a_launcher(cluster: Cluster, job_dir: Path) -> 
 def test_a_killed_worker_ends_the_job_under_srun_without_kill_on_bad_exit(cluster: Cluster, job_dir: Path) -> None:
     # srun alone would wait for the surviving tasks: hpctorch's watchdog must end them.
     compute = ROOT / "tests" / "fixtures" / "compute.py"
-    body = (f"srun --kill-on-bad-exit=0 {' '.join(HPCTORCH)} run --nproc-per-node 2 {compute} --seconds 60 "
+    body = (f"srun --label --kill-on-bad-exit=0 {' '.join(HPCTORCH)} run --nproc-per-node 2 {compute} --seconds 60 "
             f"--die-rank 3 --death-marker {job_dir}/died\n"
-            f"echo srun exit $?\n{PYTHON} -c 'import time; print(time.time())' > {job_dir}/ended")
+            f"code=$?\necho srun exit $code\n{PYTHON} -c 'import time; print(time.time())' > {job_dir}/ended\nexit $code")
     script = job_dir / "job.sh"
     script.write_text("#!/bin/sh\n" + body + "\n")
-    _, output = cluster.sbatch(job_dir, script, "-N2", "--ntasks-per-node=1")
+    state, output = cluster.sbatch(job_dir, script, "-N2", "--ntasks-per-node=1")
     elapsed = float((job_dir / "ended").read_text()) - float((job_dir / "died").read_text())
     assert "srun exit 0" not in output, output[-3000:]
-    assert "rank 3 on node 1 (node2) (local rank 1) was killed by signal 9" in output, output[-3000:]
+    # Each node says it: node 1 (task 1) names its own dead rank, node 0 (task 0) was stopped for it.
+    assert "1: hpctorch: rank 3 on node 1 (node2) (local rank 1) was killed by signal 9" in output, output[-3000:]
+    assert "0: hpctorch: stopped: rank 3 on node 1 (node2) (local rank 1) was killed by signal 9" in output, output[-3000:]
+    assert state == "FAILED", (state, output[-3000:])
     # No time limit here (benchmarks/teardown.py measures it): without the watchdog the
     # survivors compute 60 s and then wait in the barrier until sbatch's hang guard.
     print(f"srun without --kill-on-bad-exit: job ended {elapsed:.2f} s after the kill")

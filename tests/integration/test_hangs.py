@@ -70,10 +70,13 @@ def job_factory():  # type: ignore[no-untyped-def]
 def test_stacks_names_the_stuck_rank_and_the_waiting_ones(job_factory, method: str) -> None:  # type: ignore[no-untyped-def]
     job = job_factory("--nproc-per-node", "3")
     job.wait_for(r"rank \d of 3 ready", 3)
-    time.sleep(1)  # the ranks reach their hang
-    done = hpctorch("stacks", "--method", method, env=clean_env(), timeout=HANG_GUARD_S)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    deadline = time.monotonic() + HANG_GUARD_S
+    while True:  # until the ranks are in their hang (a moment after "ready"): asked again, not waited for
+        done = hpctorch("stacks", "--method", method, env=clean_env(), timeout=HANG_GUARD_S)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        if "2 different" in lines[0] or time.monotonic() > deadline:
+            break
     assert lines[0] == f"hpctorch: stacks: 3 rank(s) on 1 node(s), by {method}; 2 different:", done.stdout
     assert re.fullmatch(r"  rank 2 \(\S+\): stuck_here hang\.py:\d+", lines[1]), done.stdout
     assert re.fullmatch(r"  ranks 0-1 \(\S+\): all_reduce ← train_step hang\.py:\d+", lines[2]), done.stdout

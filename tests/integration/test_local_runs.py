@@ -93,11 +93,12 @@ def test_a_failing_worker_fails_the_run_and_is_named() -> None:
 
 
 def test_a_failing_simulated_node_stops_the_others() -> None:
-    # Rank 1 fails at once; rank 0 on the other node would sleep 120 s.
-    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "1", REPORT, "--sleep", "120", "--fail-rank", "1",
-                    env=clean_env(), timeout=100)  # hang guard: below rank 0's 120 s sleep
+    # Rank 1 fails at once; rank 0 on the other node would sleep an hour: only being stopped ends it.
+    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "1", REPORT, "--sleep", "3600", "--fail-rank", "1",
+                    env=clean_env(), timeout=300)  # a hang guard, far below rank 0's sleep
     assert done.returncode != 0
     assert "simulated node" in done.stderr.strip().splitlines()[-1]
+    assert "REPORT" not in done.stdout  # rank 0 was stopped, it did not finish its sleep
 
 
 def test_thirty_two_single_node_jobs_at_once_never_collide() -> None:

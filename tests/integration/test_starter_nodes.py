@@ -39,6 +39,41 @@ def _nodes(*script_args: str, timeout: float = 120, options: tuple[str, ...] = (
     return results
 
 
+def _wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120) -> None:
+    """Read ``process``'s output until a line holds ``text`` (a hang guard, not a pace)."""
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, f"{text!r} never came"
+        ready, _, _ = select.select([process.stdout], [], [], 1.0)
+        if ready:
+            line = process.stdout.readline()  # type: ignore[union-attr]
+            assert line, f"the node ended before {text!r}"
+            if text in line:
+                return
+
+
+def _beating(port: str, nodes: int) -> None:
+    """Until every node's helper beats in the watchdog's store (whose port and keys the plan says)."""
+    import datetime
+    import time
+
+    import torch
+
+    shown = subprocess.run([sys.executable, "-m", "hpctorch", "plan", "--json", "--nnodes", "2", "--node-rank", "0",
+                            "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "1", SCRIPT],
+                           capture_output=True, text=True, env=clean_env(), timeout=60)
+    plan = json.loads(shown.stdout)
+    store = torch.distributed.TCPStore("127.0.0.1", plan["watch_port"], is_master=False, timeout=datetime.timedelta(seconds=60))
+    keys = [f"hpctorch/{plan['run_id']}/beat/{n}" for n in range(nodes)]
+    deadline = time.monotonic() + 120
+    while not store.check(keys):
+        assert time.monotonic() < deadline, "the helpers never beat"
+        time.sleep(0.2)
+
+
 def test_plan_says_hpctorch_starts_the_workers_on_several_nodes() -> None:
     shown = subprocess.run([sys.executable, "-m", "hpctorch", "plan", "--json", "--nnodes", "2", "--node-rank", "1",
                             "--master-addr", "127.0.0.1", "--master-port", "29400", "--nproc-per-node", "2", SCRIPT],
@@ -75,16 +110,15 @@ def test_a_rank_failing_on_one_node_ends_the_other(failing: str) -> None:
 
 def test_a_node_stopped_by_a_signal_is_named_on_the_others() -> None:
     import signal
-    import time
 
     port = str(free_port())
     processes = [subprocess.Popen([sys.executable, "-m", "hpctorch", "run", "--nnodes", "2", "--node-rank", str(rank),
                                    "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "1",
-                                   SCRIPT, "--init", "--brief", "--sleep", "120"],
+                                   SCRIPT, "--init", "--brief", "--ready", "--sleep", "120"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
                  for rank in (0, 1)]
     try:
-        time.sleep(6)  # the workers are in their sleep, or still starting: either way the job must end
+        _wait_for_line(processes[1], "READY rank=1")  # the workers met and are in their sleep
         processes[1].send_signal(signal.SIGTERM)
         errors = [p.communicate(timeout=90)[1] for p in processes]  # a hang guard
     finally:
@@ -135,7 +169,7 @@ def test_the_watchdog_helper_outlives_the_signals_a_launcher_sends_the_step() ->
             time.sleep(0.2)
             helpers = [c for p in processes for c in psutil.Process(p.pid).children() if "hpctorch.guard.nodewatch" in " ".join(c.cmdline())]
         assert len(helpers) == 2
-        time.sleep(7)  # the helpers are watching (after the workers' agreement, 5 s at the latest)
+        _beating(port, 2)  # the helpers are watching
         for helper in helpers:
             for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
                 helper.send_signal(sig)

@@ -8,8 +8,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
-from hpctorch.host.network import free_port
+from hpctorch.host.network import connect, free_port
 
 from ..conftest import ROOT, clean_env, hpctorch, unprefixed
 
@@ -21,10 +22,14 @@ def _reports(output: str) -> list[dict]:
     return [json.loads(line[len("REPORT "):]) for line in unprefixed(output).splitlines() if line.startswith("REPORT ")]
 
 
-def _nodes(argvs: list[list[str]], delays: list[float]) -> list[subprocess.CompletedProcess]:
+def _nodes(argvs: list[list[str]], after: Callable[[], bool] | None = None) -> list[subprocess.CompletedProcess]:
+    """Every node's run; with ``after``, the nodes after the first start once it holds."""
     processes = []
-    for argv, delay in zip(argvs, delays):
-        time.sleep(delay)
+    for number, argv in enumerate(argvs):
+        deadline = time.monotonic() + 120
+        while number and after is not None and not after():
+            assert time.monotonic() < deadline, "the first node never got there"
+            time.sleep(0.05)
         processes.append(subprocess.Popen([sys.executable, "-m", "hpctorch", "run", *argv], stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=ROOT))
     results = []
@@ -41,7 +46,7 @@ def _nodes(argvs: list[list[str]], delays: list[float]) -> list[subprocess.Compl
 def test_c10d_rendezvous_without_node_ranks() -> None:
     endpoint = f"127.0.0.1:{free_port()}"
     line = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "t1", REPORT]
-    results = _nodes([line, line], [0, 0])
+    results = _nodes([line, line])
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
     reports = [r for result in results for r in _reports(result.stdout)]
     assert sorted(r["env"]["RANK"] for r in reports) == ["0", "1"]
@@ -49,10 +54,11 @@ def test_c10d_rendezvous_without_node_ranks() -> None:
 
 
 def test_an_elastic_range_takes_a_node_that_joins_late() -> None:
-    endpoint = f"127.0.0.1:{free_port()}"
-    line = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+    port = free_port()
+    line = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--rdzv-conf", "last_call_timeout=20", REPORT]
-    results = _nodes([line, line], [0, 5])  # the second node starts 5 s later, within the last call
+    # The second node starts once the first is in the rendezvous (its store listens), within the last call.
+    results = _nodes([line, line], after=lambda: connect("127.0.0.1", port, 0.5)["ok"])
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
     reports = [r for result in results for r in _reports(result.stdout)]
     assert {r["env"]["WORLD_SIZE"] for r in reports} == {"2"}, reports

@@ -41,7 +41,7 @@ def wait_for(condition, limit: float = 30.0) -> None:  # type: ignore[no-untyped
 @pytest.mark.parametrize("failing", [2, 0])
 def test_a_failure_reaches_every_node_even_from_node_0(failing: int) -> None:
     server, dogs, acted = start(4)
-    time.sleep(1.5)  # everyone beats a few times
+    wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(4)]))  # every node beats
     assert acted == {}
     dogs[failing].report_failure(f"rank {failing} exited with code 1")
     wait_for(lambda: len(acted) == 3)
@@ -54,12 +54,12 @@ def test_a_failure_reaches_every_node_even_from_node_0(failing: int) -> None:
 
 
 def test_node_0_alone_names_a_node_that_went_silent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 1.5)
+    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)  # above the 2 s between beats: no false alarm
     server, dogs, acted = start(3)
-    time.sleep(1.2)
+    wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(3)]))  # node 0 judges once all beat
     dogs[1]._stop.set()  # node 1 freezes: its counter stops moving, it says nothing
     wait_for(lambda: len(acted) == 2)
-    assert acted[0] == acted[2] == "node 1 (n1) went silent: no heartbeat for 2 s"
+    assert acted[0] == acted[2] == "node 1 (n1) went silent: no heartbeat for 3 s"
     for dog in dogs:
         dog.close()
 

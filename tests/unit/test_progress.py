@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import time
 
 from hpctorch import Options, make_plan
 from hpctorch.guard.agreement import waiting_for
@@ -24,16 +23,17 @@ class Terminal(io.StringIO):
 def test_a_line_every_interval_plain_in_a_log_in_place_on_a_terminal() -> None:
     log, tty = io.StringIO(), Terminal()
     for stream in (log, tty):
-        progress = Progress(300, every_s=0.05, stream=stream)
+        now = [100.0]
+        progress = Progress(300, every_s=10, stream=stream, clock=lambda: now[0])
         progress.tick(lambda: "too early")  # nothing before the first interval
-        time.sleep(0.06)
+        now[0] += 10.5
         progress.tick(lambda: "waiting for 12 of 1,024 nodes (nid[0012-0023])")
         progress.tick(lambda: "again too early")
-        time.sleep(0.06)
+        now[0] += 10.5
         progress.tick(lambda: None)  # nothing to say: nothing printed
         progress.done()
-    assert log.getvalue() == "hpctorch: waiting for 12 of 1,024 nodes (nid[0012-0023]) — 0 s of 300 s\n"
-    assert tty.getvalue() == "\r\x1b[Khpctorch: waiting for 12 of 1,024 nodes (nid[0012-0023]) — 0 s of 300 s\n"
+    assert log.getvalue() == "hpctorch: waiting for 12 of 1,024 nodes (nid[0012-0023]) — 10 s of 300 s\n"
+    assert tty.getvalue() == "\r\x1b[Khpctorch: waiting for 12 of 1,024 nodes (nid[0012-0023]) — 10 s of 300 s\n"
 
 
 def test_node_0_names_the_missing_nodes_as_a_hostlist() -> None:

@@ -42,12 +42,27 @@ def sample(action: argparse.Action) -> list[str]:
     return ["x"]
 
 
-@pytest.mark.parametrize("flag, action", torchrun_options(), ids=[flag for flag, _ in torchrun_options()])
-def test_every_torchrun_option_is_accepted(flag: str, action: argparse.Action) -> None:
-    args = _parser("run").parse_args(["run", flag, *sample(action), "train.py"])
+def becomes(argv: list[str]) -> tuple[object, str]:
+    """What ``hpctorch run ARGV train.py`` becomes: its Options, and torch's logs specs (the
+    console and log options reach torch's agent there, not the plan)."""
+    from hpctorch import Options, make_plan
+    from hpctorch.cli.main import _local_ranks
+    from hpctorch.schedulers import local
+    from hpctorch.start.launch import _logs_specs
+
+    from .helpers import facts
+
+    args = _parser("run").parse_args(["run", *argv, "train.py"])
     args.argv = []
-    options = _options(args)
+    plan = make_plan(local.detect({}), Options(command=("x",)), facts())
+    return _options(args), repr(_logs_specs(plan, args.log_dir, args.tee, args.redirects, None, _local_ranks(args)))
+
+
+@pytest.mark.parametrize("flag, action", torchrun_options(), ids=[flag for flag, _ in torchrun_options()])
+def test_every_torchrun_option_is_accepted_and_changes_what_runs(flag: str, action: argparse.Action) -> None:
+    options, specs = becomes([flag, *sample(action)])
     assert options.command[-1] == "train.py"
+    assert (options, specs) != becomes([]), f"{flag} {' '.join(sample(action))} changed neither the options nor torch's logs specs"
 
 
 def test_torchrun_values_reach_the_plan() -> None:
