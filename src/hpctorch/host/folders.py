@@ -47,8 +47,9 @@ def polling_root() -> str | None:
 
 
 def private_dir(path: str) -> str:
-    """``path``, created 0700 if missing, or checked if there: a folder, not a link, owned by this user, writable by no one else. A
-    folder of ours readable by others is narrowed to 0700. Anything else: HpctorchError."""
+    """``path``, created 0700 if missing, or checked if there: a folder, not a link, owned by
+    this user, writable by no one else. A folder of ours readable by others is narrowed to
+    0700. Anything else: HpctorchError."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
