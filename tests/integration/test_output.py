@@ -31,7 +31,13 @@ def test_a_default_run_prints_a_banner_and_a_summary(tmp_path: Path) -> None:
     assert any(line.startswith("hpctorch: finished in ") and "exit 0 on all 2 node(s)" in line and "slowest start" in line
                for line in lines), lines
     data = json.loads(summary.read_text())
-    assert data["exit_code"] == 0 and len(data["succeeded"]) == 2 and data["logs"] and Path(data["logs"]).is_dir()
+    # No --log-dir: the temporary per-rank logs went with the success (the console had them).
+    assert data["exit_code"] == 0 and len(data["succeeded"]) == 2 and data["logs"] is None
+    kept = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "1", "--summary-json", str(summary), "--log-dir",
+                    str(tmp_path / "logs"), REPORT, env=clean_env(), timeout=240)
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    logs = json.loads(summary.read_text())["logs"]
+    assert logs and Path(logs).is_dir() and str(tmp_path / "logs") in logs
 
 
 def test_verbose_prints_the_whole_plan_and_quiet_nothing_of_ours() -> None:
