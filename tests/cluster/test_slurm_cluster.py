@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -257,3 +258,35 @@ def test_a_script_submit_writes_runs_as_written(cluster: Cluster, job_dir: Path,
     assert bool(re.search(r"^\[\S+ rank 0\]: ", output, re.M)) == prefixed, output[-2000:]
     for node in ("node1", "node2"):  # each rank sees its own GPUs, as Slurm granted them
         assert sorted(r["gpus"] for r in toy_ranks(output) if r["host"] == node) == gpus, output[-2000:]
+
+
+def test_a_requeued_job_leaves_the_bad_nodes_out(cluster: Cluster, job_dir: Path) -> None:
+    """run --requeue: before it requeues, node 0 puts the user's bad nodes in the job's
+    ExcNodeList (scontrol update), read back from Slurm here."""
+    markers = job_dir / "markers"
+    markers.mkdir()
+    bad = job_dir / "bad-nodes.jsonl"
+    bad.write_text(json.dumps({"node": "node2", "reason": "test", "time": time.time(), "job": None}) + "\n")
+    preemptible = str(Path(TOY).parent.parent / "tests" / "fixtures" / "preemptible.py")
+    script = job_dir / "job.sh"
+    script.write_text(f"#!/bin/sh\nexport HPCTORCH_BAD_NODES={bad}\n"
+                      f"srun {' '.join(HPCTORCH)} run --requeue --nproc-per-node 1 {preemptible} --markers {markers}\n")
+    out = job_dir / "out.txt"
+    submitted = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "sbatch", "--parsable", "--requeue", "-N1",
+                                      "-w", "node1", "-o", str(out), str(script)], timeout=30)
+    job_id = submitted.stdout.strip()
+    try:
+        deadline = time.monotonic() + 120
+        while (not out.exists() or "READY" not in out.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "READY" in out.read_text(), out.read_text()[-2000:]
+        subprocess.run(["scancel", "--signal=USR1", job_id], env=cluster.env(), check=True, timeout=30)
+        deadline = time.monotonic() + 120
+        shown = ""
+        while "Restarts=1" not in shown and time.monotonic() < deadline:
+            shown = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env(), capture_output=True, text=True, timeout=10).stdout
+            time.sleep(0.5)
+        assert "Restarts=1" in shown and "ExcNodeList=node2" in shown, shown + out.read_text()[-2000:]
+        assert "requeued; bad nodes left out: node2" in out.read_text(), out.read_text()[-2000:]
+    finally:
+        subprocess.run(["scancel", job_id], env=cluster.env(), timeout=30, check=False)

@@ -237,6 +237,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from ..host import badnodes
     from ..submit import jobscript
 
     scheduler = args.scheduler or jobscript.default_scheduler()
@@ -259,7 +260,13 @@ def _submit(args: argparse.Namespace) -> int:
         preempt=jobscript.parse_signal(args.preempt_signal) if args.preempt_signal else None,
         requeue=args.requeue,
         extra=tuple(args.extra),
+        exclude=tuple(badnodes.names(os.environ)),
     )
+    if request.exclude:
+        how = jobscript.EXCLUDES.get(scheduler)
+        shown = f"{hostlist.display(list(request.exclude))} (hpctorch badnodes list)"
+        print(f"hpctorch submit: leaving out {len(request.exclude)} bad node(s) with {how}: {shown}" if how else
+              f"hpctorch submit: {scheduler} has no option to leave nodes out: {shown} not excluded", file=sys.stderr)
     template = None
     if args.template:
         try:
@@ -286,6 +293,27 @@ def _submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _badnodes(args: argparse.Namespace) -> int:
+    import time
+
+    from ..host import badnodes
+
+    names = [n for arg in getattr(args, "names", []) for part in arg.replace(",", " ").split() for n in hostlist.expand(part)]
+    if args.action == "add":
+        badnodes.add(os.environ, names, args.reason)
+    elif args.action == "remove":
+        badnodes.remove(os.environ, names)
+    elif args.action == "clear":
+        badnodes.clear(os.environ)
+    else:
+        entries = badnodes.current(os.environ)
+        for entry in entries:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.time))
+            print(f"{entry.node}\t{when}\t{entry.job or '-'}\t{entry.reason}")
+        print(f"{len(entries)} bad node(s) in {badnodes.path(os.environ)}", file=sys.stderr)
+    return 0
+
+
 def _hostlist(args: argparse.Namespace) -> int:
     if args.action == "expand":
         print("\n".join(hostlist.expand(args.expr)))
@@ -309,10 +337,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _whole_lines(sys.stderr)
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
-        command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "stacks", "hostlist") else None
+        command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "stacks", "hostlist", "badnodes") else None
         args = parser(command).parse_args(argv)
         args.argv = argv
-        handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": _submit, "stacks": _stacks, "hostlist": _hostlist}[args.command]
+        handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": _submit, "stacks": _stacks, "hostlist": _hostlist,
+                   "badnodes": _badnodes}[args.command]
         return handler(args)
     except HpctorchError as exc:
         print(f"hpctorch: error: {exc.line()}", file=sys.stderr)

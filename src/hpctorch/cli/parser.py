@@ -134,4 +134,13 @@ def parser(only: str | None = None) -> _Parser:
         hosts_sub = hosts.add_subparsers(dest="action", required=True, parser_class=_Parser)
         hosts_sub.add_parser("expand", help="EXPR -> one name per line").add_argument("expr")
         hosts_sub.add_parser("compress", help="NAMES... -> one hostlist").add_argument("names", nargs="+")
+    bad = sub.add_parser("badnodes", help="the nodes your next jobs ask the scheduler to leave out", allow_abbrev=False)
+    if only in (None, "badnodes"):
+        bad_sub = bad.add_subparsers(dest="action", parser_class=_Parser)
+        bad_sub.add_parser("list", help="the nodes in force, why, since when (the default)")
+        added = bad_sub.add_parser("add", help="NODES (hostlists too) -> the list")
+        added.add_argument("names", nargs="+")
+        added.add_argument("--reason", default="added by hand", help="why (shown by list)")
+        bad_sub.add_parser("remove", help="NODES -> off the list").add_argument("names", nargs="+")
+        bad_sub.add_parser("clear", help="empty the list")
     return parser

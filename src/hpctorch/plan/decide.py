@@ -173,7 +173,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         rdzv_backend=rdzv_backend, rdzv_timeout=options.rdzv_timeout, run_id=run_id, simulated=False,
         max_restarts=options.max_restarts, reasons=reasons, sources=sources, command=options.command,
         master_exchange=where_master.exchange, master_exchange_offered=where_master.offered, agreement_dir=ports.agreement_dir(allocation, options, nodes),
-        requeue=allocation.launcher.requeue, container=facts.container, min_nodes=options.min_nodes,
+        requeue=allocation.launcher.requeue, requeue_exclude=allocation.launcher.exclude_on_requeue, container=facts.container, min_nodes=options.min_nodes,
         node_rank_known=known, agent=dict(options.agent), rdzv_conf=_rdzv_conf(options, facts, rdzv_backend, where_master.address, nnodes),
         local_addr=(where_master.iface.address if where_master.iface and nnodes > 1 else where_master.address),
     )
@@ -390,5 +390,5 @@ def _relaunch_plan(allocation: Allocation, options: Options, facts: HostFacts) -
             "master_addr": "decided by each node once the step starts",
             "master_port": "decided by each node once the step starts",
         },
-        sources=dict(allocation.sources), command=options.command, relaunch=relaunch, requeue=allocation.launcher.requeue,
+        sources=dict(allocation.sources), command=options.command, relaunch=relaunch, requeue=allocation.launcher.requeue, requeue_exclude=allocation.launcher.exclude_on_requeue,
     )

@@ -123,6 +123,8 @@ class Plan:
     """Mode relaunch: the prefix starts every rank (each then runs per task)."""
     requeue: tuple[str, ...] = ()
     """The scheduler's requeue command (the job id appended); empty when it has none."""
+    requeue_exclude: tuple[str, ...] = ()
+    """Run first: the bad nodes left out of the requeued job (``Launcher.exclude_on_requeue``)."""
     container: str | None = None
     """The container runtime hpctorch runs in, if any (shown; it changes nothing)."""
     min_nodes: int | None = None
@@ -171,7 +173,7 @@ class Plan:
     def from_dict(cls, data: Mapping) -> "Plan":
         """The inverse of ``to_dict``, for handing a plan to another process."""
         data = {k: v for k, v in data.items() if k not in ("nnodes", "world_size")}
-        for key in ("nodes", "nproc_per_node", "command", "relaunch", "requeue"):
+        for key in ("nodes", "nproc_per_node", "command", "relaunch", "requeue", "requeue_exclude"):
             data[key] = tuple(data[key])
         data["workers"] = tuple(Worker(**w) for w in data["workers"])
         data["node_plans"] = tuple(cls.from_dict(p) for p in data["node_plans"])

@@ -38,6 +38,9 @@ class Launcher:
     is replaced by the node count. Empty: this launcher cannot be relaunched by hpctorch."""
     requeue: tuple[str, ...] = ()
     """The command that requeues a job, the job id appended; empty: none."""
+    exclude_on_requeue: tuple[str, ...] = ()
+    """Run before ``requeue``: leaves the user's bad nodes out of the requeued job (``{job}``,
+    ``{nodes}`` a hostlist); empty: the launcher has no such command."""
     relaunch_per_task: tuple[str, ...] = ()
     """The prefix that starts every rank from a batch script (``{tasks}`` per node, ``{ntasks}``
     in all), when the launcher can; empty: relaunch one task per node only."""

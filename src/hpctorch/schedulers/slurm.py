@@ -30,6 +30,8 @@ LAUNCHER = Launcher(
     relaunch_per_task=("srun", "--nodes={nnodes}", "--ntasks-per-node={tasks}", "--kill-on-bad-exit=1"),
     gpu_per_task=("--gpus-per-task=1",),
     requeue=("scontrol", "requeue"),
+    # scontrol(1): ExcNodeList of a pending or requeued job; it replaces the list the job had.
+    exclude_on_requeue=("scontrol", "update", "JobId={job}", "ExcNodeList={nodes}"),
 )
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 

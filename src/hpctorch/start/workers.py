@@ -104,18 +104,58 @@ def requeue_if_preempted(plan: Plan, preempted: Sequence[int], requeue: bool) ->
     if not command:
         print(f"hpctorch: --requeue: {plan.scheduler} has no requeue command; not requeued", file=sys.stderr)
         return
+    left_out = _leave_out_bad_nodes(plan)
     try:
         done = subprocess.run([*command, plan.job_id], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"hpctorch: --requeue: {command[0]} failed: {exc}", file=sys.stderr)
         return
+    if done.returncode == 0 and left_out.startswith("; could not"):
+        left_out = _leave_out_bad_nodes(plan)  # some schedulers change a pending job only: again, now requeued
     outcome = "requeued" if done.returncode == 0 else f"not requeued: {done.stderr.strip()}"
-    print(f"hpctorch: preempted by {signal.Signals(preempted[0]).name}; job {plan.job_id} {outcome}", file=sys.stderr, flush=True)
+    print(f"hpctorch: preempted by {signal.Signals(preempted[0]).name}; job {plan.job_id} {outcome}{left_out}", file=sys.stderr, flush=True)
+
+
+def _mark_bad(plan: Plan, reason: str) -> None:
+    from ..host import badnodes
+
+    try:
+        badnodes.add(os.environ, [node_host(plan)], reason, plan.job_id)
+        print(f"hpctorch: {node_host(plan)} added to the bad-node list ({badnodes.path(os.environ)}): {reason}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - advice for the next job: never in the way of this one's report
+        print(f"hpctorch: {node_host(plan)} not added to the bad-node list: {exc}", file=sys.stderr)
+
+
+def _leave_out_bad_nodes(plan: Plan) -> str:
+    """The user's bad nodes out of the requeued job, where the scheduler can: what was done, as
+    the end of the requeue line."""
+    from ..host import badnodes
+    from ..schedulers import hostlist
+
+    try:
+        nodes = badnodes.names(os.environ)
+    except Exception as exc:  # noqa: BLE001 - the list is advice: a broken one must not stop the requeue
+        return f"; the bad-node list was not read ({exc})"
+    if not nodes or not plan.requeue_exclude:
+        return f"; {plan.scheduler} cannot leave out the bad nodes {hostlist.display(nodes)}" if nodes else ""
+    shown = hostlist.compress(nodes)
+    command = [part.replace("{job}", plan.job_id or "").replace("{nodes}", shown) for part in plan.requeue_exclude]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"; could not leave out the bad nodes {shown}: {exc}"
+    if done.returncode != 0:
+        return f"; could not leave out the bad nodes {shown}: {done.stderr.strip() or done.returncode}"
+    return f"; bad nodes left out: {shown}"
 
 
 def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str) -> WorkersFailed:
-    """The first failure, as every node prints it: which rank, on which node, how, where to look."""
+    """The first failure, as every node prints it: which rank, on which node, how, where to look.
+    A rank killed by SIGBUS (an uncorrectable memory error, as the kernel reports one) puts
+    its node on the user's bad-node list: the next job asks the scheduler to leave it out."""
     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    if code == -getattr(signal, "SIGBUS", 0) and plan.nnodes > 1:
+        _mark_bad(plan, f"rank {rank} died of SIGBUS (a memory error)")
     host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes and plan.node_rank < len(plan.nodes) else ""
     node = f" on node {plan.node_rank}{host}" if plan.nnodes > 1 else ""
     return WorkersFailed(f"rank {rank}{node} (local rank {local_rank}) {how}; details: {where}", exit_code=128 - code if code < 0 else 1)

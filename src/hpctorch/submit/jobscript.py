@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from ..errors import HpctorchError
+from ..schedulers import hostlist
 
 SUBMIT_COMMANDS = {"slurm": "sbatch", "pbs": "qsub", "lsf": "bsub", "flux": "flux"}
 DEFAULT_OUTPUT = {"slurm": "hpctorch-%x-%j.out", "pbs": "", "lsf": "hpctorch-%J.out", "flux": "hpctorch-{{id}}.out"}
@@ -44,6 +45,8 @@ class JobRequest:
     preempt: tuple[str, int] | None = None
     requeue: bool = False
     extra: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    """Nodes the scheduler must leave out (the user's bad-node list), where it has an option."""
 
 
 def parse_time(text: str) -> int:
@@ -114,6 +117,7 @@ def _directives(request: JobRequest, scheduler: str, output: str) -> list[str]:
         # Without B: the signal reaches the step's tasks: every node's hpctorch.
         lines += [f"--signal={sig[0]}@{sig[1]}"] if sig else []
         lines += ["--requeue" if request.requeue else "--no-requeue"]
+        lines += [f"--exclude={hostlist.compress(request.exclude)}"] if request.exclude else []
     elif scheduler == "pbs":
         prefix = "#PBS "
         if sig:
@@ -129,6 +133,8 @@ def _directives(request: JobRequest, scheduler: str, output: str) -> list[str]:
         # LSF's warning time is in minutes.
         lines += [f"-wa {sig[0]}", f"-wt {max(1, math.ceil(sig[1] / 60))}"] if sig else []
         lines += ["-r"] if request.requeue else []
+        # bsub -R: a host selection string; one resource requirement may hold several terms.
+        lines += ['-R "select[' + " && ".join(f"hname!={node}" for node in request.exclude) + ']"'] if request.exclude else []
     else:
         prefix = "#flux: "
         if request.requeue:
@@ -136,8 +142,14 @@ def _directives(request: JobRequest, scheduler: str, output: str) -> list[str]:
         lines += [f"-q {request.partition}"] if request.partition else []
         lines += [f"--bank={request.account}"] if request.account else []
         lines += [f"--signal=SIG{sig[0]}@{sig[1]}s"] if sig else []
+        lines += [f"--requires=-host:{hostlist.compress(request.exclude)}"] if request.exclude else []  # flux-run(1): a negated host constraint
     lines += list(request.extra)
     return [prefix + line for line in lines]
+
+
+EXCLUDES = {"slurm": "sbatch --exclude", "lsf": "bsub -R select[hname!=...]", "flux": "--requires=-host:..."}
+"""How each scheduler leaves nodes out; PBS has no such option of its own."""
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 _LAUNCHERS = {"slurm": ("Slurm", "srun"), "pbs": ("PBS", "mpiexec (Cray PALS or MPICH)"), "lsf": ("LSF", "jsrun"),
@@ -151,6 +163,9 @@ def render(request: JobRequest, scheduler: str, template: str | None = None, pyt
         raise HpctorchError(f"unknown scheduler {scheduler!r}", f"use one of {', '.join(SUBMIT_COMMANDS)}")
     if request.nodes < 1:
         raise HpctorchError(f"--nodes {request.nodes} asks for no node", "give --nodes 1 or more")
+    for node in request.exclude:
+        if not NODE_NAME.match(node):
+            raise HpctorchError(f"the bad-node list holds {node!r}, which is no host name", "hpctorch badnodes remove it")
     for flag, value in (("--partition", request.partition), ("--account", request.account),
                         ("--job-name", request.job_name), ("--output", request.output), *(("extra option", e) for e in request.extra)):
         if value is not None:
