@@ -8,13 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 
 from ..plan.types import Plan, is_python
 
 STOP_GRACE_S = 3
-
-
+REQUEUE_EXCLUDE_S = 10.0
+"""How long node 0 keeps trying to leave the bad nodes out of a job it just requeued."""
 WORKER_ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_worker.py")  # a stable path: running jobs name it
 
 
@@ -104,17 +105,23 @@ def requeue_if_preempted(plan: Plan, preempted: Sequence[int], requeue: bool) ->
     if not command:
         print(f"hpctorch: --requeue: {plan.scheduler} has no requeue command; not requeued", file=sys.stderr)
         return
-    left_out = _leave_out_bad_nodes(plan)
+    nodes, note = _bad_nodes()
+    refusal = _leave_out(plan, nodes) if nodes and plan.requeue_exclude else None
     try:
         done = subprocess.run([*command, plan.job_id], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"hpctorch: --requeue: {command[0]} failed: {exc}", file=sys.stderr)
         return
-    if done.returncode == 0 and left_out.startswith("; could not"):
-        left_out = _leave_out_bad_nodes(plan)  # some schedulers change a pending job only: again, now requeued
-    outcome = "requeued" if done.returncode == 0 else f"not requeued: {done.stderr.strip()}"
-    print(f"hpctorch: preempted by {signal.Signals(preempted[0]).name}; job {plan.job_id} {outcome}{left_out}", file=sys.stderr, flush=True)
+    if done.returncode == 0 and refusal is not None:
+        refusal = _leave_out_once_pending(plan, nodes)
+    if nodes:
+        from ..schedulers import hostlist
 
+        shown = hostlist.compress(nodes)
+        note = (f"; {plan.scheduler} cannot leave out the bad nodes {shown}" if not plan.requeue_exclude else
+                f"; could not leave out the bad nodes {shown}: {refusal}" if refusal is not None else f"; bad nodes left out: {shown}")
+    outcome = "requeued" if done.returncode == 0 else f"not requeued: {done.stderr.strip()}"
+    print(f"hpctorch: preempted by {signal.Signals(preempted[0]).name}; job {plan.job_id} {outcome}{note}", file=sys.stderr, flush=True)
 
 def _mark_bad(plan: Plan, reason: str) -> None:
     from ..host import badnodes
@@ -126,27 +133,48 @@ def _mark_bad(plan: Plan, reason: str) -> None:
         print(f"hpctorch: {node_host(plan)} not added to the bad-node list: {exc}", file=sys.stderr)
 
 
-def _leave_out_bad_nodes(plan: Plan) -> str:
-    """The user's bad nodes out of the requeued job, where the scheduler can: what was done, as
-    the end of the requeue line."""
+def _bad_nodes() -> tuple[list[str], str]:
+    """The user's bad nodes, and what to say when the list could not be read."""
     from ..host import badnodes
-    from ..schedulers import hostlist
 
     try:
-        nodes = badnodes.names(os.environ)
+        return badnodes.names(os.environ), ""
     except Exception as exc:  # noqa: BLE001 - the list is advice: a broken one must not stop the requeue
-        return f"; the bad-node list was not read ({exc})"
-    if not nodes or not plan.requeue_exclude:
-        return f"; {plan.scheduler} cannot leave out the bad nodes {hostlist.display(nodes)}" if nodes else ""
-    shown = hostlist.compress(nodes)
+        return [], f"; the bad-node list was not read ({exc})"
+
+
+def _leave_out_once_pending(plan: Plan, nodes: Sequence[str], within_s: float = REQUEUE_EXCLUDE_S) -> str | None:
+    """Slurm changes the excluded nodes of a pending job only ("Job is no longer pending
+    execution" while it runs), and its requeue ends this very job, this process with it: so
+    the signals that end it are held off (the scheduler kills after its grace, KillWait) while
+    the change is tried again until the job waits pending, for ``within_s`` at most."""
+    from ..host.signals import STOP_SIGNALS
+
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        deadline = time.monotonic() + within_s
+        while True:
+            refusal = _leave_out(plan, nodes)
+            if refusal is None or time.monotonic() > deadline:
+                return refusal
+            time.sleep(0.5)
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+
+
+def _leave_out(plan: Plan, nodes: Sequence[str]) -> str | None:
+    """The scheduler's command that leaves ``nodes`` out of the requeued job; None when it
+    did, else why not."""
+    from ..schedulers import hostlist
+
+    shown = hostlist.compress(list(nodes))
     command = [part.replace("{job}", plan.job_id or "").replace("{nodes}", shown) for part in plan.requeue_exclude]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"; could not leave out the bad nodes {shown}: {exc}"
-    if done.returncode != 0:
-        return f"; could not leave out the bad nodes {shown}: {done.stderr.strip() or done.returncode}"
-    return f"; bad nodes left out: {shown}"
+        return str(exc)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
 
 
 def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str) -> WorkersFailed:
