@@ -96,3 +96,29 @@ def test_a_preemption_notice_reaches_the_worker_and_spares_its_data_loaders(tmp_
         process.kill()
     assert process.returncode == 0, process.stderr.read()  # type: ignore[union-attr]
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {f"rank{r}.preempted": "child alive\n" for r in range(count)}
+
+
+_FLAGGING = """
+import sys, time
+from hpctorch.start.initialize import Context, _watch_preemption
+_watch_preemption()
+ctx = Context(0, 0, 1, 1, 0, "gloo", None)
+print("ready", flush=True)
+sys.stdin.readline()  # the notices are over
+print("preempted" if ctx.preempted() else "missed", flush=True)
+"""
+
+
+def test_notices_arriving_inside_the_handler_do_not_hang_the_worker() -> None:
+    """Slurm signals every process of the step and the starter forwards the notice too: two arrive
+    at once. A handler taking a lock (threading.Event.set) waited forever on itself, the rank never
+    checkpointed and the others hung in their closing barrier (seen in CI; a burst reproduces it)."""
+    process = subprocess.Popen([sys.executable, "-c", _FLAGGING], env=clean_env(), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "ready\n"  # type: ignore[union-attr]
+        for _ in range(20000):
+            process.send_signal(signal.SIGUSR1)
+        out, _ = process.communicate("\n", timeout=30)  # hang guard: it answers at once
+    finally:
+        process.kill()
+    assert out == "preempted\n"

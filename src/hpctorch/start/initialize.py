@@ -13,14 +13,17 @@ from ..host.signals import PREEMPT_SIGNALS
 from ..plan.types import DEFAULT_RDZV_TIMEOUT_S
 
 TORCH_CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-_PREEMPTED = threading.Event()
+# The first signal received, kept by the handler in a list and not a threading.Event, whose set()
+# takes a lock that a second signal arriving inside the first handler would wait on forever
+# (Slurm signals every process of the step and hpctorch forwards it: two notices at once).
+_PREEMPTED: list[int] = []
 
 
 def _watch_preemption() -> None:
     """Flag SIGUSR1/SIGUSR2 instead of dying of them, unless the script handles them."""
     for sig in PREEMPT_SIGNALS:
         if signal.getsignal(sig) in (signal.SIG_DFL, None):
-            signal.signal(sig, lambda _signum, _frame: _PREEMPTED.set())
+            signal.signal(sig, lambda signum, _frame: _PREEMPTED or _PREEMPTED.append(signum))
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Context:
     def preempted(self) -> bool:
         """True once SIGUSR1 or SIGUSR2 arrived (a scheduler's warning before the end);
         cheap enough to poll every step, then checkpoint and exit."""
-        return _PREEMPTED.is_set()
+        return bool(_PREEMPTED)
 
     def close(self) -> None:
         """Leave the process group together with every other rank.
