@@ -8,13 +8,14 @@ import errno
 class HpctorchError(Exception):
     """A user-facing problem: what went wrong and how to fix it.
 
-    The CLI prints it as one line and exits with status 2; anything else that
-    escapes is a bug and keeps its traceback.
+    The CLI prints it as one line and exits with ``exit_code`` (2 unless a command documents
+    another); anything else that escapes is a bug and keeps its traceback.
     """
 
-    def __init__(self, cause: str, fix: str = "") -> None:
+    def __init__(self, cause: str, fix: str = "", exit_code: int = 2) -> None:
         self.cause = cause
         self.fix = fix
+        self.exit_code = exit_code
         super().__init__(self.line())
 
     def line(self) -> str:

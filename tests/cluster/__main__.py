@@ -18,7 +18,7 @@ def main(argv: list[str]) -> int:
             print(f"cannot build the cluster here: missing {', '.join(missing)}", file=sys.stderr)
             return 2
         cluster.up()
-        print(f"up: {', '.join(cluster.names)}; SLURM_CONF={cluster.conf}")
+        print(f"up: {', '.join(cluster.all_names)} (partition debug: {', '.join(cluster.names)}); SLURM_CONF={cluster.conf}")
         print(f"enter a node: nsenter --net=/var/run/netns/{cluster.netns('node1')} bash")
     elif action == "down":
         cluster.down()

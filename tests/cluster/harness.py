@@ -70,12 +70,16 @@ def missing_requirements() -> list[str]:
 class Cluster:
     """Build, use and tear down an N-node cluster."""
 
-    def __init__(self, nodes: int = 2, state_dir: Path = STATE_DIR) -> None:
-        if not 1 <= nodes <= MAX_NODES:
+    def __init__(self, nodes: int = 2, state_dir: Path = STATE_DIR, extra: int = 1) -> None:
+        """``nodes`` make the default partition (``debug``) that tests use unless they say
+        otherwise; ``extra`` more join them in the ``wide`` partition, for the tests that need
+        a third node (the screen's judgement against a median)."""
+        if not 1 <= nodes + extra <= MAX_NODES:
             raise ValueError(f"1..{MAX_NODES} nodes")
         self.count = nodes
         self.dir = state_dir
         self.names = [f"node{i}" for i in range(1, nodes + 1)]
+        self.all_names = [f"node{i}" for i in range(1, nodes + extra + 1)]
         self.conf = self.dir / "slurm.conf"
 
     # ---- using the nodes -------------------------------------------------
@@ -164,7 +168,7 @@ class Cluster:
         _sh("ip", "link", "add", BRIDGE, "type", "bridge")
         _sh("ip", "addr", "add", f"{BRIDGE_ADDR}/24", "dev", BRIDGE)
         _sh("ip", "link", "set", BRIDGE, "up")
-        for index, node in enumerate(self.names, start=1):
+        for index, node in enumerate(self.all_names, start=1):
             ns = self.netns(node)
             _sh("ip", "netns", "add", ns)
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
@@ -183,8 +187,8 @@ class Cluster:
     def _hosts(self) -> None:
         # Names resolve to the unreachable management net (the trap); the fabric
         # addresses get names of their own so reverse lookups of them succeed.
-        lines = [f"{mgmt_addr(i)} {node} {HOSTS_MARK}\n" for i, node in enumerate(self.names, start=1)]
-        lines += [f"{fabric_addr(i)} {node}-hsn0 {HOSTS_MARK}\n" for i, node in enumerate(self.names, start=1)]
+        lines = [f"{mgmt_addr(i)} {node} {HOSTS_MARK}\n" for i, node in enumerate(self.all_names, start=1)]
+        lines += [f"{fabric_addr(i)} {node}-hsn0 {HOSTS_MARK}\n" for i, node in enumerate(self.all_names, start=1)]
         with open("/etc/hosts", "a", encoding="utf-8") as hosts:
             hosts.writelines(lines)
 
@@ -205,8 +209,10 @@ class Cluster:
         host = socket.gethostname()
         d = self.dir
         (d / "state").mkdir(exist_ok=True)
+        total = len(self.all_names)
         nodes = f"node[1-{self.count}]" if self.count > 1 else "node1"
-        addrs = ",".join(fabric_addr(i) for i in range(1, self.count + 1))
+        every = f"node[1-{total}]" if total > 1 else "node1"
+        addrs = ",".join(fabric_addr(i) for i in range(1, total + 1))
         cpus = os.cpu_count() or 2
         gpus = self._gpu_devices()
         self.conf.write_text(
@@ -238,15 +244,16 @@ KillWait=5
 MinJobAge=30
 InactiveLimit=0
 GresTypes=gpu
-NodeName={nodes} NodeAddr={addrs} CPUs={cpus} Gres=gpu:{len(gpus)} State=UNKNOWN
+NodeName={every} NodeAddr={addrs} CPUs={cpus} Gres=gpu:{len(gpus)} State=UNKNOWN
 PartitionName=debug Nodes={nodes} Default=YES MaxTime=60 State=UP OverSubscribe=FORCE:8
+PartitionName=wide Nodes={every} MaxTime=60 State=UP OverSubscribe=FORCE:8
 """
         )
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
-        (d / "gres.conf").write_text(f"AutoDetect=off\nNodeName={nodes} Name=gpu File={','.join(str(g) for g in gpus)}\n")
+        (d / "gres.conf").write_text(f"AutoDetect=off\nNodeName={every} Name=gpu File={','.join(str(g) for g in gpus)}\n")
         env = self.env()
         subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env=env, timeout=30, capture_output=True)
-        for node in self.names:
+        for node in self.all_names:
             subprocess.run(self.on(node, ["slurmd", "-N", node, "-f", str(self.conf)]), check=True, env=env, timeout=30, capture_output=True)
         self._wait_idle()
 
@@ -283,8 +290,8 @@ PartitionName=debug Nodes={nodes} Default=YES MaxTime=60 State=UP OverSubscribe=
         while time.monotonic() < deadline:
             done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.env(), timeout=10)
             states = done.stdout.strip()
-            lines = states.splitlines()
-            if len(lines) == self.count and all(line.split()[1] == "idle" for line in lines):
+            seen = dict(line.split()[:2] for line in states.splitlines() if len(line.split()) >= 2)  # a node per partition
+            if len(seen) == len(self.all_names) and all(state == "idle" for state in seen.values()):
                 return
             time.sleep(0.5)
         raise RuntimeError(f"Slurm nodes not idle after {timeout:.0f} s: {states!r}; see {self.dir}/*.log")

@@ -181,11 +181,16 @@ def _run(args: argparse.Namespace) -> int:
             raise HpctorchError(f"--stall-timeout needs hpctorch's per-node agent, and this is a {plan.mode} run "
                                 f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
                                 "start one hpctorch per node (e.g. srun --ntasks-per-node=1), or run 'hpctorch stacks' on the nodes when the job hangs")
+        if args.screen:
+            raise HpctorchError(f"--screen needs one hpctorch per node, and this is a {plan.mode} run "
+                                f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
+                                "start one hpctorch per node (e.g. srun --ntasks-per-node=1 hpctorch run --nproc-per-node N), or run 'hpctorch doctor' first")
         launch.exec_per_task(plan)
     if plan.node_rank == 0 and not args.quiet:  # one copy per job, not one per node
         from ..plan.render import banner, table
 
         print(table(plan) if args.verbose else banner(plan), file=sys.stderr, flush=True)
+    screened = _screen(args, plan) if args.screen else None
     try:
         if plan.simulated:
             simulated.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console,
@@ -200,9 +205,53 @@ def _run(args: argparse.Namespace) -> int:
                                 prefix=not args.no_prefix, console_ranks=console, quiet=args.quiet, summary_json=args.summary_json,
                                 local_ranks=local_ranks, stall=stall)
     except WorkersFailed as exc:
+        _screen_to_summary(args, plan, screened)
         print(f"hpctorch: {exc.line}", file=sys.stderr)
         return _leave(exc.exit_code) if plan.starter == "torch" and not plan.simulated else exc.exit_code
+    _screen_to_summary(args, plan, screened)
     return _leave(0) if plan.starter == "torch" and not plan.simulated else 0
+
+
+def _screen(args: argparse.Namespace, plan: Plan):  # type: ignore[no-untyped-def]
+    """``--screen``: measure every node before the workers start; node 0 names the bad ones."""
+    from ..guard import screen
+
+    if plan.simulated:
+        raise HpctorchError("--screen measures real nodes, and --simulate-nodes runs them all on this machine", "drop --screen or --simulate-nodes")
+    store = screen.connect(plan, plan.rdzv_timeout)
+    try:
+        outcome = screen.run(plan, store, args.screen_threshold, _uses_gpus(plan), f"hpctorch/{plan.run_id}/screen/", plan.rdzv_timeout)
+    finally:
+        del store  # node 0's store leaves the master port to the job's own
+    from .. import timings
+
+    timings.mark("screen done")
+    screen.report(plan, outcome, args.screen_threshold, args.screen, os.environ)
+    return outcome
+
+
+def _screen_to_summary(args: argparse.Namespace, plan: Plan, screened) -> None:  # type: ignore[no-untyped-def]
+    """Every node's figures join node 0's --summary-json."""
+    if screened is None or not args.summary_json or not plan.is_master or not os.path.isfile(args.summary_json):
+        return
+    import json
+
+    with open(args.summary_json, encoding="utf-8") as handle:
+        data = json.load(handle)
+    data["screen"] = screened.as_dict()
+    with open(args.summary_json, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2)
+        handle.write("\n")
+
+
+def _uses_gpus(plan: Plan) -> bool:
+    return any(w.env.get("CUDA_VISIBLE_DEVICES") not in (None, "") or w.env.get("HPCTORCH_DEVICES") for w in plan.workers) and _cuda()
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _leave(code: int) -> int:
@@ -344,8 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "badnodes": _badnodes}[args.command]
         return handler(args)
     except HpctorchError as exc:
-        print(f"hpctorch: error: {exc.line()}", file=sys.stderr)
-        return EXIT_USAGE
+        if exc.cause:  # no cause: another node said it for the job (the screen's verdict)
+            print(f"hpctorch: error: {exc.line()}", file=sys.stderr)
+        return exc.exit_code
     except BrokenPipeError:
         return 0
     except OSError as exc:  # the machine's answer (a full /dev/shm, a file where a folder belongs): one line, no traceback

@@ -35,6 +35,16 @@ def _nproc(value: str) -> int | None:
         raise argparse.ArgumentTypeError(f"{value!r} is not a count, 'gpu', 'cpu' or 'auto'") from None
 
 
+def _fraction(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 < number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a fraction between 0 and 1 (e.g. 0.5)")
+    return number
+
+
 def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--nproc-per-node", "--nproc_per_node", type=_nproc, default=None, help="workers per node: N, gpu, cpu or auto (default: visible GPUs, else 1)")
@@ -80,6 +90,11 @@ def parser(only: str | None = None) -> _Parser:
         run.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                          help="when no rank wrote any output for S seconds, print every rank's stack (grouped)")
         run.add_argument("--stall-action", choices=("dump", "kill"), default="dump", help="after the stacks: go on (dump) or end the job (kill)")
+        run.add_argument("--screen", nargs="?", const="warn", choices=("warn", "fail"), default=None,
+                         help="before the workers start, measure every node and its link; node 0 names those below the median "
+                              "(warn: go on, the default; fail: stop, exit 3)")
+        run.add_argument("--screen-threshold", type=_fraction, default=0.5, metavar="F",
+                         help="a node is bad below F times the job's median (default 0.5)")
         run.add_argument("--timings", action="store_true", help="rank 0 prints where startup went, stage by stage, slowest node first")
         run.add_argument("script", help="training script (or module with -m)")
         run.add_argument("script_args", nargs=argparse.REMAINDER)

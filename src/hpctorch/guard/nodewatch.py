@@ -228,4 +228,9 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # No interpreter teardown: the reader thread may hold stdin's lock ("Fatal Python error:
+    # _enter_buffered_busy ... at interpreter shutdown", seen on 3 nodes), and torch's store may be open.
+    os._exit(code)

@@ -1,0 +1,154 @@
+"""Node 0's judgement of the screen's records: every measure against the job's median.
+
+Pure: records in, findings out. A node is named when a figure falls below ``threshold`` times
+the median of all nodes' figures (above median / threshold for a latency), or when it reports a
+problem of its own (a full /tmp, a GPU NVML complains of, fewer active InfiniBand ports than the
+median node). The fabric figure of a node is the better of its two ring links (to its successor,
+from its predecessor): a slow link slows both its ends, so only a node whose both links are slow
+is the slow one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+DEFAULT_THRESHOLD = 0.5
+LATENCY_FLOOR_US = 500.0
+"""A latency is named only when it also exceeds the median by this much: a few hundred
+microseconds of jitter on a busy node slow no training step."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: int
+    host: str
+    measure: str
+    detail: str
+    shortfall: float
+    """How far below the median (0: a problem judged on its own, 1: missing); orders spares."""
+
+    def line(self) -> str:
+        return f"{self.host}: {self.measure} {self.detail}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "line": self.line()}
+
+
+def rate(value: float, unit: str = "B/s", base: str = "M") -> str:
+    """``2.4 MB/s``, ``1.1 GB/s``: three significant figures in the largest unit that fits."""
+    scale = {"M": 1e6, "G": 1e9}[base]
+    amount = value * scale
+    for prefix, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if amount >= size:
+            return f"{amount / size:.3g} {prefix}{unit}"
+    return f"{amount:.3g} {unit}"
+
+
+def _figure(records: Mapping[int, Mapping[str, Any]], node: int, key: str) -> float | None:
+    value = records[node].get("figures", {}).get(key)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _gpu_min(records: Mapping[int, Mapping[str, Any]], node: int, key: str) -> float | None:
+    values = [g[key] for g in records[node].get("figures", {}).get("gpus", []) if isinstance(g.get(key), (int, float))]
+    return min(values) if values else None
+
+
+def _fabric(records: Mapping[int, Mapping[str, Any]], node: int, key: str, best: Callable) -> tuple[float, str] | None:
+    """The better of the node's two ring links for ``key`` (mbs, rtt_us), and how to say it."""
+    links = []
+    out = records[node].get("fabric", {})
+    if key in out:
+        links.append((out[key], f"to {_host(records, out.get('to'))}"))
+    for other, record in records.items():
+        link = record.get("fabric", {})
+        if other != node and link.get("to") == node and key in link:
+            links.append((link[key], f"from {_host(records, other)}"))
+    if not links:
+        return None
+    value = best(v for v, _ in links)
+    return value, ", ".join(f"{_say(key, v)} {where}" for v, where in links)
+
+
+def _host(records: Mapping[int, Mapping[str, Any]], node: object) -> str:
+    record = records.get(node) if isinstance(node, int) else None
+    return str(record.get("host", f"node {node}")) if record else f"node {node}"
+
+
+def _say(key: str, value: float) -> str:
+    if key == "mbs":
+        return rate(value)
+    if key == "rtt_us":
+        return f"{value / 1000:.3g} ms round trip" if value >= 1000 else f"{value:.3g} us round trip"
+    if key == "compute_gflops":
+        return rate(value, "FLOP/s", "G")
+    if key == "tflops":
+        return rate(value * 1000, "FLOP/s", "G")
+    return rate(value, "B/s", "G")
+
+
+# (measure named in the line, how a node's figure is read, key for units, lower is better)
+MEASURES: tuple[tuple[str, Callable[..., Any], str, bool], ...] = (
+    ("compute", lambda r, n: _figure(r, n, "compute_gflops"), "compute_gflops", False),
+    ("memory", lambda r, n: _figure(r, n, "memory_gbs"), "memory_gbs", False),
+    ("GPU compute", lambda r, n: _gpu_min(r, n, "tflops"), "tflops", False),
+    ("host to GPU", lambda r, n: _gpu_min(r, n, "h2d_gbs"), "h2d_gbs", False),
+    ("GPU to host", lambda r, n: _gpu_min(r, n, "d2h_gbs"), "d2h_gbs", False),
+    ("fabric", lambda r, n: _fabric(r, n, "mbs", max), "mbs", False),
+    ("fabric latency", lambda r, n: _fabric(r, n, "rtt_us", min), "rtt_us", True),
+)
+
+
+def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: float = DEFAULT_THRESHOLD,
+          names: tuple[str, ...] = ()) -> list[Finding]:
+    """Every finding, ordered by node: missing records, problems, figures off the median."""
+    found: list[Finding] = []
+    for node in range(nnodes):
+        if node not in records:
+            host = names[node] if node < len(names) else f"node {node}"
+            found.append(Finding(node, host, "screen", "sent no record within the screen's time", 1.0))
+    for node, record in sorted(records.items()):
+        host = str(record.get("host", f"node {node}"))
+        found += [Finding(node, host, "health", problem, 0.0) for problem in record.get("problems", [])]
+        link = record.get("fabric", {})
+        if "error" in link and link.get("to") in records:  # a missing successor is named already
+            found.append(Finding(node, host, "fabric", f"to {_host(records, link.get('to'))}: {link['error']}", 1.0))
+    for measure, read, key, lower_better in MEASURES:
+        values = {node: read(records, node) for node in records}
+        plain = {n: (v[0] if isinstance(v, tuple) else v) for n, v in values.items() if v is not None}
+        if len(plain) < 2:
+            continue
+        median = statistics.median(plain.values())
+        for node, value in sorted(plain.items()):
+            if lower_better:
+                bad = value > median / threshold and value - median > LATENCY_FLOOR_US
+                shortfall = 1 - median / value if value else 0.0
+            else:
+                bad = value < threshold * median
+                shortfall = 1 - value / median if median else 0.0
+            if bad:
+                shown = values[node][1] if isinstance(values[node], tuple) else _say(key, value)
+                found.append(Finding(node, _host(records, node), measure, f"{shown} (median {_say(key, median)})", round(shortfall, 3)))
+    found += _infiniband(records)
+    return sorted(found, key=lambda f: f.node)
+
+
+def _infiniband(records: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
+    active = {n: r["figures"]["ib_active"] for n, r in records.items() if isinstance(r.get("figures", {}).get("ib_active"), int)}
+    if len(active) < 2:
+        return []
+    median = statistics.median(active.values())
+    return [Finding(n, _host(records, n), "InfiniBand", f"{count} port(s) active (median node {median:g})", 1 - count / median if median else 0.0)
+            for n, count in sorted(active.items()) if count < median]
+
+
+def unmeasured(records: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """What was not measured, said once for all the nodes that could not."""
+    counts: dict[str, int] = {}
+    for record in records.values():
+        for what in record.get("unmeasured", []):
+            counts[what] = counts.get(what, 0) + 1
+    return [f"{what} on {count} node{'s' if count != 1 else ''}" for what, count in sorted(counts.items())]

@@ -1,0 +1,222 @@
+"""``--screen``: before any worker starts, every node measures itself and its ring link, and
+node 0 names the nodes that would hold the job back.
+
+Through the master's store, O(1) per node: one arrival, one address, one wait for the
+successor's address, one record, one wait for the verdict, one acknowledgement. Node 0 alone
+reads the records (the new ones in one ``multi_get`` per poll) and judges them (``judge``).
+The measuring takes a fixed time (``measure``, ``ringlink``), and every wait ends by a deadline
+that does not grow with the node count: the screen's budget once every node arrived.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import HpctorchError
+from ..host import network
+from ..plan.types import Plan
+from ..terminal import printable
+from . import judge, measure, ringlink
+
+BUDGET_S = 15.0
+"""The most a screen takes once every node arrived, whatever the node count."""
+EXIT_BAD_NODES = 3
+"""``--screen=fail``'s exit status when nodes were judged bad: neither a usage error (2) nor
+a worker's failure (1)."""
+ACK_S = 2.5
+POLL_S = 0.05
+POLL_MAX_S = 0.5
+
+
+@dataclass
+class Screened:
+    """The outcome, the same on every node; ``records`` (every node's figures) on node 0 only."""
+
+    findings: list[dict[str, Any]]
+    unmeasured: list[str]
+    seconds: float
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def bad_nodes(self) -> list[int]:
+        return sorted({int(f["node"]) for f in self.findings})
+
+    def lines(self, nnodes: int, threshold: float) -> list[str]:
+        said = [f"hpctorch: screen: {f['line']}" for f in self.findings]
+        if self.unmeasured:
+            said.append(f"hpctorch: screen: not measured: {'; '.join(self.unmeasured)}")
+        bad = len(self.bad_nodes)
+        outcome = f"{bad} of {nnodes} node{'s' if nnodes != 1 else ''} judged bad" if bad else f"no node below {threshold:g}x the median"
+        said.append(f"hpctorch: screen: {nnodes} node{'s' if nnodes != 1 else ''} in {self.seconds:.1f} s, {outcome}")
+        return said
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"findings": self.findings, "unmeasured": self.unmeasured, "seconds": round(self.seconds, 2),
+                "figures": {str(n): r for n, r in sorted(self.records.items())}}
+
+
+def connect(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
+    """The master's store: served by node 0, reached by every other node within ``timeout_s``."""
+    from .agreement import open_store
+
+    if plan.is_master:
+        try:
+            return open_store(plan, timeout_s)
+        except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
+            raise HpctorchError(f"cannot serve the screen's store on port {plan.master_port}: {str(exc).splitlines()[0]}",
+                                "pass another --master-port, or stop the process that holds it (ss -ltnp)") from None
+    deadline = time.monotonic() + timeout_s
+    pause = POLL_S
+    while time.monotonic() < deadline:
+        # A plain connect first: torch's store client logs a C++ trace for every refusal.
+        if network.connect(plan.master_addr or "", plan.master_port, min(2.0, max(0.1, deadline - time.monotonic())))["ok"]:
+            try:
+                return open_store(plan, max(1.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - not up yet, or gone again
+                pass
+        time.sleep(pause)
+        pause = min(pause * 1.5, POLL_MAX_S)
+    raise HpctorchError(f"could not reach node 0's store at {plan.master_addr}:{plan.master_port} for the screen within {timeout_s:.0f} s",
+                        "check that node 0 started and is reachable on the chosen interface ('hpctorch plan' says which), or raise --rdzv-timeout")
+
+
+def run(plan: Plan, store, threshold: float, use_gpus: bool, prefix: str, wait_s: float,  # type: ignore[no-untyped-def]
+        budget_s: float = BUDGET_S) -> Screened:
+    """This node's part of the screen, on ``store`` under ``prefix``; the outcome for all.
+
+    ``wait_s`` bounds the wait for the other nodes to arrive (the rendezvous timeout); from the
+    last arrival on, everything ends within ``budget_s``.
+    """
+    started = time.monotonic()
+    try:
+        record, go = _measure(plan, store, prefix, use_gpus, started + wait_s, budget_s)
+        store.set(f"{prefix}record/{plan.node_rank}", json.dumps(record))
+        store.append(prefix + "arrived", f"{plan.node_rank},")
+        if plan.is_master:
+            return _judge(plan, store, prefix, threshold, started, go + budget_s, record)
+        return _verdict(plan, store, prefix, started, wait_s + budget_s)
+    except (RuntimeError, ValueError) as exc:  # torch's store errors (DistError is a RuntimeError)
+        if plan.is_master:
+            raise
+        # Node 0 judged and went on without this node's record: its workers' rendezvous decides.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"hpctorch: screen: node {plan.node_rank}: node 0's store went away during the screen ({first[:120]}); going on",
+              file=sys.stderr, flush=True)
+        return Screened([], [], time.monotonic() - started)
+
+
+def _measure(plan: Plan, store, prefix: str, use_gpus: bool, arrive_by: float,  # type: ignore[no-untyped-def]
+             budget_s: float) -> tuple[dict[str, Any], float]:
+    """This node's record, and when the nodes set off together (time.monotonic)."""
+    me = plan.node_rank
+    record: dict[str, Any] = {"node": me, "host": socket.gethostname()}
+    listener = ringlink.RingListener(plan.local_addr or "0.0.0.0") if plan.nnodes > 1 else None
+    try:
+        if listener is not None:
+            store.set(f"{prefix}addr/{me}", listener.address)
+        store.add(prefix + "here", 1)
+        _start_together(plan, store, prefix, arrive_by)
+        # From here every node runs on the same clock: the measures, then collecting and judging.
+        go = time.monotonic()
+        until = go + budget_s * 0.6
+        if listener is not None:
+            listener.serve(until)
+            record["fabric"] = _probe_successor(plan, store, prefix, until)
+            listener.wait()  # the predecessor's measure of this node's link: not disturbed by the others
+            record["fabric_s"] = round(time.monotonic() - go, 2)
+    finally:
+        if listener is not None:
+            listener.close()
+    record.update(measure.this_node(use_gpus))
+    record["took_s"] = round(time.monotonic() - go, 2)
+    return record, go
+
+
+def _start_together(plan: Plan, store, prefix: str, until: float) -> None:  # type: ignore[no-untyped-def]
+    """Node 0 says go once every node arrived (or the rendezvous timeout passed); the others wait
+    for that word, one blocking request each."""
+    if plan.is_master:
+        pause = POLL_S
+        while store.add(prefix + "here", 0) < plan.nnodes and time.monotonic() < until:
+            time.sleep(pause)
+            pause = min(pause * 1.5, POLL_MAX_S)
+        store.set(prefix + "go", "1")
+        return
+    try:
+        store.wait([prefix + "go"], datetime.timedelta(seconds=max(1.0, until - time.monotonic())))
+    except Exception:  # noqa: BLE001 - torch's timeout: node 0 judges without this node's peers
+        pass
+
+
+def _probe_successor(plan: Plan, store, prefix: str, until: float) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    successor = (plan.node_rank + 1) % plan.nnodes
+    key = f"{prefix}addr/{successor}"
+    try:
+        store.wait([key], datetime.timedelta(seconds=max(0.1, until - time.monotonic())))
+    except Exception:  # noqa: BLE001 - torch's timeout: the successor never arrived
+        return {"to": successor, "error": "never published its address"}
+    return {"to": successor, **ringlink.probe(store.get(key).decode(), until)}
+
+
+def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, until: float,  # type: ignore[no-untyped-def]
+           mine: dict[str, Any]) -> Screened:
+    records: dict[int, dict[str, Any]] = {plan.node_rank: mine}
+    pause = POLL_S
+    while len(records) < plan.nnodes and time.monotonic() < until:
+        arrived = {int(n) for n in store.get(prefix + "arrived").decode().split(",") if n}
+        new = sorted(arrived - set(records))
+        if new:
+            values = store.multi_get([f"{prefix}record/{n}" for n in new])
+            records.update({n: json.loads(v) for n, v in zip(new, values)})
+            continue
+        time.sleep(pause)
+        pause = min(pause * 1.5, POLL_MAX_S)
+    findings = [f.as_dict() for f in judge.judge(records, plan.nnodes, threshold, plan.nodes)]
+    outcome = Screened(findings, judge.unmeasured(records), time.monotonic() - started, records)
+    store.set(prefix + "verdict", json.dumps({"findings": findings, "unmeasured": outcome.unmeasured, "seconds": outcome.seconds}))
+    end = time.monotonic() + ACK_S  # node 0's store must outlive the others' reading of the verdict
+    while store.add(prefix + "read", 0) < len(records) - 1 and time.monotonic() < end:
+        time.sleep(POLL_S)
+    return outcome
+
+
+def _verdict(plan: Plan, store, prefix: str, started: float, wait_s: float) -> Screened:  # type: ignore[no-untyped-def]
+    try:
+        store.wait([prefix + "verdict"], datetime.timedelta(seconds=max(1.0, started + wait_s - time.monotonic())))
+        said = json.loads(store.get(prefix + "verdict"))
+        store.add(prefix + "read", 1)
+    except Exception:  # noqa: BLE001 - node 0 gone or late: this node goes on, it cannot judge alone
+        print(f"hpctorch: screen: node {plan.node_rank}: no verdict from node 0 within {wait_s:.0f} s; going on", file=sys.stderr, flush=True)
+        return Screened([], [], time.monotonic() - started)
+    return Screened(said["findings"], said["unmeasured"], float(said["seconds"]))
+
+
+def report(plan: Plan, outcome: Screened, threshold: float, action: str, env: Mapping[str, str]) -> None:
+    """Node 0 says the findings and puts the bad nodes on the user's list; with ``fail`` and a
+    bad node, every node stops here (EXIT_BAD_NODES)."""
+    if plan.is_master:
+        print(printable("\n".join(outcome.lines(plan.nnodes, threshold))), file=sys.stderr, flush=True)
+        if outcome.bad_nodes and plan.nnodes > 1:
+            from ..host import badnodes
+
+            for node in outcome.bad_nodes:
+                reason = "; ".join(f["line"] for f in outcome.findings if f["node"] == node)
+                name = plan.nodes[node] if node < len(plan.nodes) else str(outcome.findings[0]["host"])
+                try:
+                    badnodes.add(env, [name], f"screen: {reason}"[:300], plan.job_id)
+                except (OSError, HpctorchError) as exc:
+                    print(f"hpctorch: screen: could not add {name} to the bad-node list: {exc}", file=sys.stderr, flush=True)
+    if action == "fail" and outcome.bad_nodes:
+        if not plan.is_master:
+            raise HpctorchError("", exit_code=EXIT_BAD_NODES)  # node 0 says it, once for the job
+        named = ", ".join(str(outcome.findings[[f["node"] for f in outcome.findings].index(n)]["host"]) for n in outcome.bad_nodes)
+        raise HpctorchError(f"the screen judged {len(outcome.bad_nodes)} node(s) bad ({named}); no worker was started",
+                            "leave them out (hpctorch submit excludes the bad-node list; --spare-nodes runs on the best), "
+                            "or go on with --screen=warn", exit_code=EXIT_BAD_NODES)

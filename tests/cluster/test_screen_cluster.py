@@ -1,0 +1,114 @@
+"""--screen on 3 real Slurm nodes: a balanced cluster names nobody; a node whose link is shaped
+with tc, or whose CPU is held to a cgroup quota, is named with its measure, its figure and the
+median, and lands on the user's bad-node list, which the next job's script leaves out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..conftest import unprefixed
+from .conftest import PYTHON, TOY, toy_ranks
+from .harness import Cluster
+
+pytestmark = pytest.mark.cluster
+HPCTORCH = f"{PYTHON} -m hpctorch"
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+SHAPED = "20mbit"
+
+
+def screened(cluster: Cluster, job_dir: Path, *flags: str) -> tuple[str, str, dict]:
+    """A 3-node job on the wide partition with --screen: (final state, output, summary JSON)."""
+    summary = job_dir / "summary.json"
+    script = job_dir / "job.sh"
+    script.write_text(f"#!/bin/sh\nexport HPCTORCH_BAD_NODES={job_dir / 'bad-nodes.jsonl'}\n"
+                      f"srun {HPCTORCH} run {' '.join(flags)} --nproc-per-node 1 --summary-json {summary} {TOY} --steps 2\n")
+    state, output = cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=1")
+    return state, output, (json.loads(summary.read_text()) if summary.exists() else {})
+
+
+def screen_lines(output: str) -> list[str]:
+    return [line for line in unprefixed(output).splitlines() if line.startswith("hpctorch: screen: ")]
+
+
+@pytest.fixture
+def shaped_link(cluster: Cluster) -> Iterator[str]:
+    """node3's fabric at 20 Mbit/s both ways: its own egress, and the bridge's port towards it."""
+    ends = [["ip", "netns", "exec", cluster.netns("node3"), "tc", "qdisc", "{}", "dev", "hsn0", "root"], ["tc", "qdisc", "{}", "dev", "hpctf3h", "root"]]
+    shape = ["tbf", "rate", SHAPED, "burst", "32kbit", "latency", "50ms"]
+    try:
+        for end in ends:
+            subprocess.run([w.format("add") for w in end] + shape, check=True, capture_output=True, timeout=10)
+        yield "node3"
+    finally:
+        for end in ends:
+            subprocess.run([w.format("del") for w in end], check=False, capture_output=True, timeout=10)
+
+
+@pytest.fixture
+def throttled_cpu(cluster: Cluster) -> Iterator[str]:
+    """node3's slurmd, and so every process of its job steps, held to 15% of one CPU."""
+    group = CPU_CGROUP / "hpct-node3"
+    if not (CPU_CGROUP / "cgroup.procs").exists():
+        pytest.fail("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu to throttle a node with")
+    slurmd = (cluster.dir / "slurmd-node3.pid").read_text().strip()
+    group.mkdir(exist_ok=True)
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("15000")
+        (group / "cgroup.procs").write_text(slurmd)
+        yield "node3"
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (CPU_CGROUP / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # gone meanwhile
+        os.rmdir(group)
+
+
+def test_a_balanced_cluster_names_nobody_and_trains(cluster: Cluster, job_dir: Path) -> None:
+    state, output, summary = screened(cluster, job_dir, "--screen")
+    assert state == "COMPLETED", output[-3000:]
+    assert screen_lines(output)[-1].startswith("hpctorch: screen: 3 nodes in ") and screen_lines(output)[-1].endswith("no node below 0.5x the median"), output[-3000:]
+    assert "not measured: GPUs (none visible) on 3 nodes" in output
+    figures = summary["screen"]["figures"]
+    assert sorted(figures) == ["0", "1", "2"]
+    for node, record in figures.items():
+        assert record["figures"]["compute_gflops"] > 0 and record["figures"]["memory_gbs"] > 0, record
+        assert record["fabric"]["to"] == (int(node) + 1) % 3 and record["fabric"]["mbs"] > 0, record
+    assert summary["screen"]["findings"] == []
+    assert len(toy_ranks(output)) == 3
+    assert not (job_dir / "bad-nodes.jsonl").exists()
+
+
+def test_a_shaped_link_is_named_and_fail_stops_before_the_workers(cluster: Cluster, job_dir: Path, shaped_link: str) -> None:
+    state, output, _ = screened(cluster, job_dir, "--screen=fail")
+    assert state == "FAILED", output[-3000:]
+    named = [line for line in screen_lines(output) if line.startswith(f"hpctorch: screen: {shaped_link}: fabric ")]
+    assert len(named) == 1, output[-3000:]
+    # Both its links measured at the shaped rate (20 Mbit/s = 2.5 MB/s), the median far above.
+    assert " MB/s to node1, " in named[0] and " MB/s from node2 (median " in named[0] and named[0].endswith(" GB/s)"), named
+    assert not [line for line in screen_lines(output) if line.startswith(("hpctorch: screen: node1:", "hpctorch: screen: node2:"))], output[-3000:]
+    assert output.count("hpctorch: error: the screen judged 1 node(s) bad (node3); no worker was started") == 1, output[-3000:]
+    assert toy_ranks(output) == []
+    listed = [json.loads(line) for line in (job_dir / "bad-nodes.jsonl").read_text().splitlines()]
+    assert [e["node"] for e in listed] == ["node3"] and "fabric" in listed[0]["reason"]
+    # The next job's script leaves it out.
+    dry = subprocess.run([PYTHON, "-m", "hpctorch", "submit", "--dry-run", "--scheduler", "slurm", "--nodes", "2", "--time", "10", TOY],
+                         env={**cluster.env(), "HPCTORCH_BAD_NODES": str(job_dir / "bad-nodes.jsonl")}, capture_output=True, text=True, timeout=60)
+    assert "#SBATCH --exclude=node3" in dry.stdout, dry.stdout + dry.stderr
+
+
+def test_a_throttled_cpu_is_named_and_warn_goes_on(cluster: Cluster, job_dir: Path, throttled_cpu: str) -> None:
+    state, output, summary = screened(cluster, job_dir, "--screen")
+    assert state == "COMPLETED", output[-3000:]
+    assert any(line.startswith(f"hpctorch: screen: {throttled_cpu}: compute ") for line in screen_lines(output)), output[-3000:]
+    assert not [line for line in screen_lines(output) if line.startswith(("hpctorch: screen: node1:", "hpctorch: screen: node2:"))], output[-3000:]
+    assert {f["host"] for f in summary["screen"]["findings"]} == {throttled_cpu}
+    assert len(toy_ranks(output)) == 3  # warn: the job ran anyway
