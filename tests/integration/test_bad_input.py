@@ -42,6 +42,11 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "--stall-timeout", "0", SCRIPT), ("--stall-timeout 0",)),
         (("run", "--stall-timeout", "30", "--no-prefix", SCRIPT), ("--no-prefix", "--tee")),
         (("run", "--mode", "per-task", "--stall-timeout", "30", SCRIPT), ("per-task", "hpctorch stacks")),
+        (("run", "--screen-threshold", "1.5", SCRIPT), ("'1.5' is not a fraction between 0 and 1",)),
+        (("run", "--screen-threshold", "0", SCRIPT), ("'0' is not a fraction",)),
+        (("run", "--screen=maybe", SCRIPT), ("--screen", "'maybe'")),
+        (("run", "--screen", "--simulate-nodes", "2", SCRIPT), ("--simulate-nodes", "--screen")),
+        (("run", "--mode", "per-task", "--screen", SCRIPT), ("--screen needs one hpctorch per node", "per-task")),
         (("stacks", "--timeout", "-1"), ("--timeout -1",)),
         (("plan", "--master-port", "70000"), ("70000",)),
         # Was a traceback under torch's agent ("Not a directory" under hpctorch's starter).

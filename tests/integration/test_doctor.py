@@ -17,9 +17,13 @@ def test_simulated_nodes_pass_with_a_gloo_all_reduce(tmp_path: Path) -> None:
     assert "ok: every check passed" in done.stdout
     data = json.loads(report.read_text())
     assert data["exit"] == 0 and sorted(data["reports"]) == ["0", "1"]
-    gloo = data["reports"]["1"]["gloo"]
-    assert gloo["ok"] and [b["bytes"] for b in gloo["bandwidth"]] == [4096, 1 << 20, 16 << 20]
-    assert all(b["mbps"] > 0 for b in gloo["bandwidth"])
+    assert data["reports"]["1"]["gloo"]["ok"]
+    # The screen measured both simulated nodes and their ring links; on one machine their speeds
+    # are not compared (they share its CPUs), so nobody is named.
+    screen = data["reports"]["0"]["screen"]
+    assert sorted(screen["figures"]) == ["0", "1"] and screen["findings"] == []
+    assert all(r["fabric"]["mbs"] > 0 and r["figures"]["compute_gflops"] > 0 for r in screen["figures"].values())
+    assert "screen: 2 node(s) in " in done.stdout and "; medians: compute " in done.stdout
 
 
 def test_a_busy_master_port_is_named_with_its_holder() -> None:

@@ -161,6 +161,9 @@ def _run(args: argparse.Namespace) -> int:
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
     local_ranks = _local_ranks(args)
     stall = _stall(args)
+    if args.screen and args.simulate_nodes:
+        raise HpctorchError("--screen measures real nodes, and --simulate-nodes runs them all on this machine",
+                            "drop one of them ('hpctorch doctor --simulate-nodes N' shows the screen's figures without judging them)")
     if args.log_dir and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise HpctorchError(f"--log-dir {args.log_dir} is a file", "give --log-dir a folder (it is made if missing)")
     from .. import timings
@@ -216,8 +219,6 @@ def _screen(args: argparse.Namespace, plan: Plan):  # type: ignore[no-untyped-de
     """``--screen``: measure every node before the workers start; node 0 names the bad ones."""
     from ..guard import screen
 
-    if plan.simulated:
-        raise HpctorchError("--screen measures real nodes, and --simulate-nodes runs them all on this machine", "drop --screen or --simulate-nodes")
     store = screen.connect(plan, plan.rdzv_timeout)
     try:
         outcome = screen.run(plan, store, args.screen_threshold, _uses_gpus(plan), f"hpctorch/{plan.run_id}/screen/", plan.rdzv_timeout)

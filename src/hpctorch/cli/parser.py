@@ -90,9 +90,11 @@ def parser(only: str | None = None) -> _Parser:
         run.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                          help="when no rank wrote any output for S seconds, print every rank's stack (grouped)")
         run.add_argument("--stall-action", choices=("dump", "kill"), default="dump", help="after the stacks: go on (dump) or end the job (kill)")
-        run.add_argument("--screen", nargs="?", const="warn", choices=("warn", "fail"), default=None,
-                         help="before the workers start, measure every node and its link; node 0 names those below the median "
-                              "(warn: go on, the default; fail: stop, exit 3)")
+        # Two flags, not one with an optional value: "--screen train.py" must not take the script for the value.
+        run.add_argument("--screen", "--screen=warn", dest="screen", action="store_const", const="warn", default=None,
+                         help="before the workers start, measure every node and its link; node 0 names those below the median, and the job goes on")
+        run.add_argument("--screen=fail", dest="screen", action="store_const", const="fail",
+                         help="the same, but a bad node stops the job before its workers start (exit 3)")
         run.add_argument("--screen-threshold", type=_fraction, default=0.5, metavar="F",
                          help="a node is bad below F times the job's median (default 0.5)")
         run.add_argument("--timings", action="store_true", help="rank 0 prints where startup went, stage by stage, slowest node first")

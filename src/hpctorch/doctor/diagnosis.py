@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..guard.agreement import differences
+from ..guard.judge import medians, rate
 
 Report = Mapping[str, object]
 
@@ -54,6 +55,9 @@ def verdicts(reports: Mapping[int, Report], nnodes: int, hosts: Sequence[str] = 
                              "start every node with the same options and environment ('hpctorch plan --explain' on each node shows where each value came from)"))
     found.extend(_version_skew(reports))
     found.extend(_collective_verdicts(reports))
+    found.extend(Verdict("fail", f"screen: {f['line']}", "leave the node out (hpctorch badnodes add NODE; hpctorch submit excludes "
+                         "the list) and tell the site's admins what was measured")
+                 for f in ((master or {}).get("screen") or {}).get("findings", []))  # type: ignore[union-attr]
     return sorted(found, key=lambda v: v.severity != "fail")
 
 
@@ -180,11 +184,22 @@ def _ms(value: object) -> str:
     return f"{float(value):.1f} ms" if value is not None else ""  # type: ignore[arg-type]
 
 
-def _size(count: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= scale:
-            return f"{count // scale} {unit}"
-    return f"{count} B"
+def _screen_lines(first: Report) -> list[str]:
+    """The screen's medians, and each node's figures below them (the findings are verdicts)."""
+    outcome = first.get("screen")
+    if not outcome:
+        return [f"screen: not run ({first.get('screen_skipped') or first.get('gloo_skipped') or 'no report'})"]
+    records = {int(n): r for n, r in outcome["figures"].items()}  # type: ignore[index, union-attr]
+    said = [f"screen: {len(records)} node(s) in {outcome['seconds']:.1f} s; medians: {medians(records) or '-'}"]  # type: ignore[index]
+    if outcome.get("unmeasured"):  # type: ignore[union-attr]
+        said.append(f"  not measured: {'; '.join(outcome['unmeasured'])}")  # type: ignore[index]
+    for node, record in sorted(records.items()):
+        fabric = record.get("fabric", {})
+        link = (rate(fabric["mbs"]) if "mbs" in fabric else fabric.get("error", "-")) if fabric else "-"
+        figures = record.get("figures", {})
+        said.append(f"  {record.get('host')}: compute {rate(figures.get('compute_gflops', 0), 'FLOP/s', 'G')}, "
+                    f"memory {rate(figures.get('memory_gbs', 0), 'B/s', 'G')}, fabric to node {fabric.get('to', '-')} {link}")
+    return said
 
 
 def table(reports: Mapping[int, Report], nnodes: int, found: Sequence[Verdict]) -> str:
@@ -224,9 +239,8 @@ def table(reports: Mapping[int, Report], nnodes: int, found: Sequence[Verdict]) 
         if not result.get("ok"):  # type: ignore[union-attr]
             lines.append(f"{backend}: FAILED: {result.get('error')}")  # type: ignore[union-attr]
             continue
-        speeds = ", ".join(f"{_size(b['bytes'])} {b['ms']:.2f} ms ({b['mbps']:.0f} MB/s)" for b in result["bandwidth"])  # type: ignore[index]
-        lines.append(f"{backend}: init {result['init_s']:.2f} s, all_reduce sum correct on {result['world']} processes; "  # type: ignore[index]
-                     f"all_reduce time (algorithm bandwidth): {speeds}")
+        lines.append(f"{backend}: init {result['init_s']:.2f} s, all_reduce sum correct on {result['world']} processes")  # type: ignore[index]
+    lines.extend(_screen_lines(first))
     lines.append("interfaces (* = chosen):")
     for node, report in sorted(reports.items()):
         shown = "; ".join(

@@ -47,15 +47,18 @@ class RingListener:
             self._thread.join(max(0.0, self.until - time.monotonic()) + 0.5)
 
     def _serve(self) -> None:
-        try:
-            for handle in (_receive_window, _echo):
+        for handle in (_receive_window, _echo):
+            try:
                 connection = self._accept()
-                if connection is None:
-                    return
-                with connection:
+            except OSError:
+                return  # closed under it
+            if connection is None:
+                return
+            with connection:
+                try:
                     handle(connection, self.until)
-        except OSError:
-            return  # the peer went away: its own record says what it measured
+                except OSError:
+                    pass  # the sender's reset once it has the answer, or the peer gone: its record says so
 
     def _accept(self) -> socket.socket | None:
         while (left := self.until - time.monotonic()) > 0:
@@ -86,8 +89,15 @@ def _receive_window(connection: socket.socket, until: float) -> None:
         elif now - first >= BANDWIDTH_S:
             break
         got += count
-    if first is not None:
-        connection.sendall(_REPLY.pack(got, int((time.monotonic() - first) * 1e6)))
+    if first is None:
+        return
+    connection.sendall(_REPLY.pack(got, int((time.monotonic() - first) * 1e6)))
+    # Read on (and drop) until the sender, having the answer, closes: closing with its data unread
+    # would reset the connection, and a reset can overtake the answer ("Connection reset by peer").
+    while time.monotonic() < until:
+        connection.settimeout(max(0.01, until - time.monotonic()))
+        if not connection.recv_into(buffer):
+            return
 
 
 def _echo(connection: socket.socket, until: float) -> None:
@@ -103,16 +113,18 @@ def probe(address: str, until: float) -> dict[str, Any]:
     """Bandwidth (MB/s) and latency (microseconds) to the listener at ``host:port``, ended by
     ``until`` whatever the link does; ``error`` instead where it could not be measured."""
     host, port = address.rsplit(":", 1)
+    error = f"no answer within the screen's time ({address})"
     try:
         mbs = _bandwidth(host, int(port), until)
     except OSError as exc:
-        return {"error": f"{exc.strerror or exc.__class__.__name__} ({address})"}
-    if mbs is None:
-        return {"error": f"no answer within the screen's time ({address})"}
+        mbs, error = None, f"{exc.strerror or exc.__class__.__name__} ({address})"
     try:
+        # Also after a failed bandwidth: the listener waits for this second connection.
         rtt = _latency(host, int(port), until)
     except OSError:
-        rtt = None  # the bandwidth stands; a latency that could not be had is not judged
+        rtt = None  # not judged
+    if mbs is None:
+        return {"error": error}
     return {"mbs": round(mbs, 2), **({"rtt_us": round(rtt, 1)} if rtt is not None else {})}
 
 

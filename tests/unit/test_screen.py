@@ -1,0 +1,194 @@
+"""The screen: node 0's judgement (pure), the ring link's measure bounded in time (real sockets),
+InfiniBand read from sysfs as the kernel lays it out, and the whole exchange on a real TCPStore
+between nodes run as threads."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctorch.guard import judge, measure, ringlink, screen
+from hpctorch.host.network import free_port
+from hpctorch.plan.types import Plan
+
+
+def record(node: int, compute: float = 100.0, memory: float = 10.0, to_mbs: float | None = 1000.0, rtt: float = 30.0,
+           nnodes: int = 4, **extra: Any) -> dict[str, Any]:
+    fabric = {"to": (node + 1) % nnodes, "mbs": to_mbs, "rtt_us": rtt} if to_mbs is not None else {"to": (node + 1) % nnodes, "error": "refused"}
+    return {"node": node, "host": f"cx{node}", "figures": {"compute_gflops": compute, "memory_gbs": memory, **extra},
+            "fabric": fabric, "problems": [], "unmeasured": []}
+
+
+def lines(records: dict[int, dict], nnodes: int = 4, threshold: float = 0.5) -> list[str]:
+    return [f.line() for f in judge.judge(records, nnodes, threshold)]
+
+
+def test_a_balanced_job_names_nobody() -> None:
+    records = {n: record(n, compute=100 + 5 * n, memory=10 - n * 0.3) for n in range(4)}
+    assert lines(records) == []
+
+
+def test_a_slow_cpu_is_named_with_its_figure_and_the_median() -> None:
+    records = {n: record(n) for n in range(4)}
+    records[2] = record(2, compute=30.0)
+    assert lines(records) == ["cx2: compute 30 GFLOP/s (median 100 GFLOP/s)"]
+    assert lines(records, threshold=0.2) == []  # --screen-threshold
+
+
+def test_a_slow_link_names_the_node_whose_both_ring_links_are_slow() -> None:
+    # node 2's link is shaped: its link to node 3 and node 1's link to it are both slow.
+    records = {n: record(n) for n in range(4)}
+    records[1] = record(1, to_mbs=2.4)
+    records[2] = record(2, to_mbs=2.3)
+    assert lines(records) == ["cx2: fabric 2.3 MB/s to cx3, 2.4 MB/s from cx1 (median 1 GB/s)"]
+
+
+def test_two_nodes_share_their_links_so_a_slow_link_names_nobody() -> None:
+    records = {0: record(0, to_mbs=2.0, nnodes=2), 1: record(1, to_mbs=2.0, nnodes=2)}
+    assert lines(records, nnodes=2) == []
+
+
+def test_latency_needs_more_than_jitter() -> None:
+    records = {n: record(n, rtt=30.0) for n in range(4)}
+    records[1] = record(1, rtt=200.0)  # 6x the median, but 0.17 ms: no step is slower for it
+    records[0] = record(0, rtt=190.0)
+    assert lines(records) == []
+    records[1] = record(1, rtt=4000.0)
+    records[0] = record(0, rtt=3900.0)
+    assert lines(records) == ["cx1: fabric latency 3.9 ms round trip to cx2, 4 ms round trip from cx0 (median 30 us round trip)"] or \
+        lines(records) == ["cx1: fabric latency 4 ms round trip to cx2, 3.9 ms round trip from cx0 (median 30 us round trip)"]
+
+
+def test_a_missing_node_is_named_and_its_predecessor_is_not_blamed() -> None:
+    records = {n: record(n) for n in (0, 1, 3)}
+    records[1] = record(1, to_mbs=None)  # its successor, node 2, never listened
+    found = judge.judge(records, 4, 0.5, ("nid0", "nid1", "nid2", "nid3"))
+    assert [f.line() for f in found] == ["nid2: screen sent no record within the screen's time"]
+
+
+def test_problems_are_named_on_their_own_and_infiniband_against_the_median_node() -> None:
+    records = {n: record(n, ib_active=2) for n in range(4)}
+    records[3] = record(3, ib_active=1)
+    records[0]["problems"] = ["only 0.20 GB free in /tmp"]
+    assert lines(records) == ["cx0: health only 0.20 GB free in /tmp", "cx3: InfiniBand 1 port(s) active (median node 2)"]
+
+
+def test_processes_of_one_machine_are_not_compared() -> None:
+    # doctor --simulate-nodes: every record from one host; their speeds say nothing of nodes.
+    records = {n: {**record(n), "host": "laptop"} for n in range(3)}
+    records[1] = {**record(1, compute=1.0), "host": "laptop"}
+    assert lines(records, nnodes=3) == []
+
+
+def test_what_was_not_measured_is_said_once_for_all_nodes() -> None:
+    records = {n: {**record(n), "unmeasured": ["GPUs (none visible)"]} for n in range(3)}
+    records[2]["unmeasured"].append("NVML (pip install nvidia-ml-py)")
+    assert judge.unmeasured(records) == ["GPUs (none visible) on 3 nodes", "NVML (pip install nvidia-ml-py) on 1 node"]
+
+
+def test_rates_are_said_in_the_unit_that_fits() -> None:
+    assert judge.rate(2.4) == "2.4 MB/s" and judge.rate(1100.0) == "1.1 GB/s" and judge.rate(0.05) == "50 kB/s"
+    assert judge.rate(68.4, "FLOP/s", "G") == "68.4 GFLOP/s"
+
+
+def test_infiniband_ports_are_read_from_sysfs(tmp_path: Path) -> None:
+    # The kernel's layout: /sys/class/infiniband/<device>/ports/<n>/{state,rate}.
+    for device, port, state, rate in (("mlx5_0", "1", "4: ACTIVE", "200 Gb/sec (4X HDR)"), ("mlx5_1", "1", "1: DOWN", "10 Gb/sec (4X SDR)")):
+        folder = tmp_path / device / "ports" / port
+        folder.mkdir(parents=True)
+        (folder / "state").write_text(state + "\n")
+        (folder / "rate").write_text(rate + "\n")
+    assert measure.infiniband(str(tmp_path)) == {"mlx5_0/1": {"state": "ACTIVE", "gbps": 200.0}, "mlx5_1/1": {"state": "DOWN", "gbps": 10.0}}
+    assert measure.infiniband(str(tmp_path / "none")) == {}
+
+
+def test_this_node_measures_compute_memory_and_space() -> None:
+    found = measure.this_node(use_gpus=False)
+    assert found["figures"]["compute_gflops"] > 0 and found["figures"]["memory_gbs"] > 0
+    assert "/tmp" in found["figures"]["free_gb"]
+    assert found["unmeasured"] == ["GPUs (none visible)"]
+
+
+def test_the_ring_link_is_measured_on_real_sockets() -> None:
+    until = time.monotonic() + 10
+    listener = ringlink.RingListener("127.0.0.1")
+    listener.serve(until)
+    try:
+        found = ringlink.probe(listener.address, until)
+        listener.wait()
+    finally:
+        listener.close()
+    assert found["mbs"] > 0 and 0 < found["rtt_us"] < 1e6, found
+
+
+def test_a_peer_that_never_answers_costs_the_deadline_not_more() -> None:
+    """A link that takes bytes and never answers (the slowest link there is) ends the measure at
+    the screen's deadline: bounded in time, not bytes."""
+    with socket.socket() as silent:  # listens, never accepts: the kernel takes the bytes, nobody replies
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        started = time.monotonic()
+        found = ringlink.probe(f"127.0.0.1:{silent.getsockname()[1]}", started + 2.0)
+        took = time.monotonic() - started
+    assert found["error"].startswith("no answer within the screen's time"), found
+    assert took < 2.0 + 5.0, took  # hang guard far above the deadline
+
+
+def _plan(node: int, nnodes: int, port: int) -> Plan:
+    return Plan(mode="per-node", scheduler="test", job_id="7", nodes=tuple(f"nid{n}" for n in range(nnodes)), node_rank=node,
+                nproc_per_node=(1,) * nnodes, master_addr="127.0.0.1", master_port=port, rdzv_backend="static", rdzv_timeout=30,
+                run_id="screen-test", iface="lo", simulated=False, max_restarts=0, workers=(), common_env={}, local_addr="127.0.0.1")
+
+
+def _store(port: int, master: bool):  # type: ignore[no-untyped-def]
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, None, master, datetime.timedelta(seconds=30), wait_for_workers=False, multi_tenant=True)
+
+
+def _screen_threads(nnodes: int, figures: dict[int, float], present: range | None = None, budget_s: float = 6.0) -> dict[int, screen.Screened]:
+    """``nnodes`` nodes as threads on one real store, each measuring its real ring link on
+    loopback; ``figures``: each node's compute figure (the local measure stands in: threads of
+    one process share its CPUs). Nodes outside ``present`` never start."""
+    port = free_port()
+    server = _store(port, True)
+    outcomes: dict[int, screen.Screened] = {}
+
+    def node(rank: int) -> None:
+        store = server if rank == 0 else _store(port, False)
+        local = lambda _gpus: {"figures": {"compute_gflops": figures[rank]}, "problems": [], "unmeasured": []}  # noqa: E731
+        plan = _plan(rank, nnodes, port)
+        outcomes[rank] = screen.run(plan, store, 0.5, False, "hpctorch/t/screen/", 3.0, budget_s, local=local)
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in (present or range(nnodes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)  # hang guard
+    return outcomes
+
+
+def test_every_node_learns_node_0_s_verdict_through_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: f"host-{threading.current_thread().name}")  # one host per thread
+    outcomes = _screen_threads(3, {0: 100.0, 1: 20.0, 2: 110.0})
+    assert sorted(outcomes) == [0, 1, 2]
+    assert {tuple(f["line"].split(": ", 1)[1] for f in o.findings) for o in outcomes.values()} == {("compute 20 GFLOP/s (median 100 GFLOP/s)",)}
+    assert all(o.bad_nodes == [1] for o in outcomes.values())
+    records = outcomes[0].records
+    assert sorted(records) == [0, 1, 2] and all(records[n]["fabric"]["to"] == (n + 1) % 3 and records[n]["fabric"]["mbs"] > 0 for n in records)
+
+
+def test_a_node_that_never_comes_is_named_once_the_budget_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: f"host-{threading.current_thread().name}")
+    started = time.monotonic()
+    outcomes = _screen_threads(3, {0: 100.0, 1: 100.0, 2: 100.0}, present=range(2), budget_s=4.0)
+    assert sorted(outcomes) == [0, 1]
+    assert [f["line"] for f in outcomes[0].findings] == ["nid2: screen sent no record within the screen's time"]
+    assert outcomes[1].findings == outcomes[0].findings
+    assert time.monotonic() - started < 60  # ended by its deadlines (3 s to arrive, 4 s budget), not the hang guard
