@@ -210,6 +210,106 @@ def shared_files(nnodes: int, polls: int = 6) -> dict[str, float]:
     }
 
 
+class CountingStore:
+    """A TCPStore client that counts the requests made through it (the screen's load per node)."""
+
+    def __init__(self, store) -> None:  # type: ignore[no-untyped-def]
+        self.store, self.requests = store, 0
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        method = getattr(self.store, name)
+
+        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.requests += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+def _screen_record(node: int) -> dict:
+    """What a node's local measures return (measuring is the node's own, in parallel, on its own
+    CPUs; here the nodes share 2 cores): a realistic record, one node in 64 slow."""
+    slow = node % 64 == 63
+    return {"host": f"nid{node:05d}", "figures": {"compute_gflops": 60.0 if slow else 200.0 + node % 7, "memory_gbs": 12.0 + node % 3, "free_gb": {"/tmp": 80.0, "/dev/shm": 25.0}},
+            "problems": [], "unmeasured": ["GPUs (none visible)"]}
+
+
+SCREEN_BUDGET_S = 120.0
+"""Generous for the benchmark: simulated nodes publish one after another on 2 shared cores; node
+0 stops waiting as soon as every record is in."""
+
+
+def screen_client(first: int, last: int, nnodes: int, port: int) -> None:
+    """Simulated nodes ``first``..``last - 1`` each run the real ``screen.run`` (no ring link: one
+    machine); prints the requests each made."""
+    from hpctorch.guard import screen
+
+    counts: dict[int, int] = {}
+
+    def node(rank: int) -> None:
+        store = CountingStore(_store(port, False))
+        screen.run(node_plan(rank, nnodes, port), store, 0.5, False, "hpctorch/bench/screen/", 120, SCREEN_BUDGET_S,
+                   local=lambda _gpus: _screen_record(rank), ring=False)
+        counts[rank] = store.requests
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in range(first, last)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(json.dumps({"requests": counts}), flush=True)
+
+
+def screen_scale(nnodes: int) -> dict[str, float]:
+    """Node 0's real screen (collection and judgement) with ``nnodes - 1`` simulated others."""
+    from hpctorch.guard import judge, screen
+
+    print(f"control_plane_scale: screen at {nnodes} nodes", file=sys.stderr, flush=True)
+    port = free_port()
+    served = CountingStore(_store(port, True))
+    processes = min(PROCESSES, nnodes - 1)
+    bounds = [1 + (nnodes - 1) * p // processes for p in range(processes + 1)]
+    children = [subprocess.Popen([PYTHON, "-m", "benchmarks.control_plane_scale", "--screen-client", str(bounds[p]), str(bounds[p + 1]),
+                                  str(nnodes), str(port)], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, text=True) for p in range(processes)]
+    try:
+        started = time.perf_counter()
+        outcome = screen.run(node_plan(0, nnodes, port), served, 0.5, False, "hpctorch/bench/screen/", 120, SCREEN_BUDGET_S,
+                             local=lambda _gpus: _screen_record(0), ring=False)
+        total_s = time.perf_counter() - started
+        results = [json.loads(child.communicate(timeout=300)[0].strip().splitlines()[-1]) for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    per_node = [count for r in results for count in r["requests"].values()]
+    judged = time.perf_counter()
+    judge.judge(outcome.records, nnodes, 0.5, node_plan(0, nnodes, port).nodes)
+    return {
+        "nodes": nnodes,
+        "screen_requests_per_node": max(per_node),
+        "screen_requests_node0": served.requests,
+        "screen_judge_s": time.perf_counter() - judged,
+        "screen_total_s": total_s,
+        "screen_after_go_s": outcome.after_go_s,
+        "screen_records": len(outcome.records),
+        "screen_named": len(outcome.bad_nodes),
+    }
+
+
+SCREEN_HEADER = ["nodes", "store requests per node", "at node 0", "judgement (s)", "go to verdict (s)", "with arrivals (s)", "records", "nodes named"]
+
+
+def screen_cells(rows: list[dict]) -> list[list[object]]:
+    return [[r["nodes"], r["screen_requests_per_node"], r["screen_requests_node0"], f"{r['screen_judge_s']:.3f}",
+             f"{r['screen_after_go_s']:.2f}", f"{r['screen_total_s']:.1f}", r["screen_records"], r["screen_named"]] for r in rows]
+
+
+def _screen_table(sizes: tuple[int, ...]) -> list[dict[str, float]]:
+    rows = [screen_scale(n) for n in sizes]
+    print(table(SCREEN_HEADER, screen_cells(rows)))
+    return rows
+
+
 def _files_table(sizes: tuple[int, ...]) -> list[dict[str, float]]:
     """The shared-file channel at each size, printed as a table."""
     files_rows = [shared_files(n) for n in sizes]
@@ -218,6 +318,14 @@ def _files_table(sizes: tuple[int, ...]) -> list[dict[str, float]]:
                 [[r["nodes"], r["files_per_node_per_poll"], r["files_node0_per_poll"], r["files_node0_until_seen"],
                   r["files_all_seen_poll"], r["files_old_per_node_per_poll"], f"{r['files_poll_s']:.2f}"] for r in files_rows]))
     return files_rows
+
+
+def _save_part(**part: object) -> None:
+    """One part's rows beside the saved others, which keep their own command and date."""
+    path = ROOT / "benchmarks" / "results" / "control_plane_scale.json"
+    saved = json.loads(path.read_text())
+    saved.update(part)
+    path.write_text(json.dumps(saved, indent=2) + "\n")
 
 
 def _isolated(argv: list[str]) -> int | None:
@@ -242,8 +350,12 @@ def main(argv: list[str] | None = None) -> int | None:
     parser.add_argument("--client", nargs=6, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle watching per size")
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1024, 4096], help="node counts")
-    parser.add_argument("--only", choices=["files"], default=None, help="the shared-file channel alone")
+    parser.add_argument("--only", choices=["files", "screen"], default=None, help="the shared-file channel, or the screen, alone")
+    parser.add_argument("--screen-client", nargs=4, type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.screen_client:
+        screen_client(*args.screen_client)
+        return None
     if args.client:
         first, last, nnodes, port, agree_port = map(int, args.client[:5])
         client(first, last, nnodes, port, agree_port, float(args.client[5]))
@@ -252,23 +364,28 @@ def main(argv: list[str] | None = None) -> int | None:
     if args.only == "files":
         files_rows = _files_table(sizes)
         if not args.smoke:  # beside the saved store rows, which keep their own command and date
-            path = ROOT / "benchmarks" / "results" / "control_plane_scale.json"
-            saved = json.loads(path.read_text())
-            saved.update(files_rows=files_rows, files_command=" ".join(["python", "-m", "benchmarks.control_plane_scale", *sys.argv[1:]]),
-                         files_date=time.strftime("%Y-%m-%d"))
-            path.write_text(json.dumps(saved, indent=2) + "\n")
+            _save_part(files_rows=files_rows, files_command=" ".join(["python", "-m", "benchmarks.control_plane_scale", *sys.argv[1:]]),
+                       files_date=time.strftime("%Y-%m-%d"))
         return None
     status = _isolated(sys.argv[1:] if argv is None else argv)
     if status is not None:
         return status
+    if args.only == "screen":
+        screen_rows = _screen_table(sizes)
+        if not args.smoke:
+            _save_part(screen_rows=screen_rows, screen_command=" ".join(["python", "-m", "benchmarks.control_plane_scale", *sys.argv[1:]]),
+                       screen_date=time.strftime("%Y-%m-%d"))
+        return None
     files_rows = _files_table(sizes)
+    screen_rows = _screen_table(sizes)
     rows = [run(n, 2.0 if args.smoke else args.idle) for n in sizes]
     print(table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew", "agreement (s)",
                  "agreement CPU (s)"],
                 [[r["nodes"], f"{r['requests_per_s']:.0f}", f"{r['per_node_per_s']:.2f}", r["false_alarms"],
                   f"{r['abort_known_s']:.2f}", r["never_knew"], f"{r['agreement_s']:.2f}", f"{r['agreement_cpu_s']:.1f}"] for r in rows]))
     if not args.smoke:
-        save("control_plane_scale", {"idle_s": args.idle, "processes": PROCESSES, "rows": rows, "files_rows": files_rows, "notes": NOTES})
+        save("control_plane_scale", {"idle_s": args.idle, "processes": PROCESSES, "rows": rows, "files_rows": files_rows,
+                                     "screen_rows": screen_rows, "notes": NOTES})
 
 
 if __name__ == "__main__":

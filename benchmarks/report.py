@@ -120,7 +120,24 @@ def control_plane_scale(data: dict) -> str:
             f"{data.get('processes', 8)} processes, against one real TCPStore; {data['idle_s']:.0f} s of idle watching per size.\n\n" +
             table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew",
                    "agreement (s)", "agreement CPU (s)"], rows) + notes + "\n\n![control plane scale](plots/control_plane_scale.png)"
-            + _shared_files(data))
+            + _shared_files(data) + _screen(data))
+
+
+def _screen(data: dict) -> str:
+    rows = data.get("screen_rows")
+    if not rows:
+        return ""
+    from .control_plane_scale import SCREEN_HEADER, screen_cells
+
+    return ("\n\nThe screen (`--screen`, and the doctor; "
+            f"{data.get('screen_date', data['date'])}, `{data.get('screen_command', data['command'])}`): node 0 runs the real "
+            "`screen.run` and the others, simulated as threads in 8 processes, too, with a record standing in for their "
+            "measures (their own CPUs' work, done in parallel on real nodes) and no ring link (one machine). Requests per "
+            "node: a flat 7 (address, arrival, the go, record, arrived, the verdict, its acknowledgement; the two waits "
+            "block in the store). Node 0 reads the records that arrived, the new ones in one `multi_get`, with backoff. "
+            "'go to verdict' is node 0's collection and judgement once every node arrived, bounded by the budget (15 s "
+            "in a job); 'with arrivals' adds the simulated nodes' start (importing torch in 8 processes on 2 cores). One "
+            "node in 64 carries a slow CPU: every one is named.\n\n" + table(SCREEN_HEADER, screen_cells(rows)))
 
 
 def _shared_files(data: dict) -> str:

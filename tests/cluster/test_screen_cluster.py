@@ -112,3 +112,16 @@ def test_a_throttled_cpu_is_named_and_warn_goes_on(cluster: Cluster, job_dir: Pa
     assert not [line for line in screen_lines(output) if line.startswith(("hpctorch: screen: node1:", "hpctorch: screen: node2:"))], output[-3000:]
     assert {f["host"] for f in summary["screen"]["findings"]} == {throttled_cpu}
     assert len(toy_ranks(output)) == 3  # warn: the job ran anyway
+
+
+def test_the_doctor_names_a_shaped_link_and_every_node_hears_the_verdict(cluster: Cluster, job_dir: Path, shaped_link: str) -> None:
+    """Before: the doctor timed a 16 MiB all_reduce (10 s on this link), printed 'every check
+    passed', and nodes 1 and 2 passed their deadline meanwhile ('node 0 never reported')."""
+    done = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-p", "wide", "-N3", "--ntasks-per-node=1",
+                                 PYTHON, "-m", "hpctorch", "doctor"], timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    fails = [line.strip() for line in done.stdout.split("verdicts:", 1)[-1].splitlines() if line.strip().startswith("FAIL")]
+    assert len(fails) == 1 and fails[0].startswith(f"FAIL screen: {shaped_link}: fabric "), done.stdout
+    assert "ok: every check passed" not in done.stdout
+    assert done.stderr.count("report sent; node 0 printed the table (exit 1)") == 2, done.stderr[-3000:]
+    assert "never reported" not in done.stdout + done.stderr

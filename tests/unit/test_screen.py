@@ -192,3 +192,58 @@ def test_a_node_that_never_comes_is_named_once_the_budget_passed(monkeypatch: py
     assert [f["line"] for f in outcomes[0].findings] == ["nid2: screen sent no record within the screen's time"]
     assert outcomes[1].findings == outcomes[0].findings
     assert time.monotonic() - started < 60  # ended by its deadlines (3 s to arrive, 4 s budget), not the hang guard
+
+
+class _FakeNvml:
+    """nvidia-ml-py's ``pynvml`` as its documentation describes it, for two GPUs (none can exist
+    here): GPU 0 healthy; GPU 1 with uncorrected ECC errors, thermal slowdown and a x8 link of x16,
+    and no retired-page query (NVMLError_NotSupported, as on GPUs without it)."""
+
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC = 1, 0
+    nvmlClocksThrottleReasonHwThermalSlowdown = 0x40
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.shut = False
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> int:
+        assert (kind, counter) == (1, 0)
+        return 3 if handle else 0
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> int:
+        if handle:
+            raise self.NVMLError("Not Supported")
+        return 0
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
+        return 0x40 | 0x1 if handle else 0x1  # 0x1: idle, no fault
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> int:
+        return 8 if handle else 16
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
+        return 16
+
+
+def test_nvml_complaints_are_problems_and_a_missing_nvml_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    problems, missing = measure.nvml_problems()
+    assert missing is None and fake.shut
+    assert problems == ["GPU 1: 3 uncorrected ECC errors", "GPU 1: thermal slowdown", "GPU 1: PCIe link x8 of x16"]
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
+    assert measure.nvml_problems() == ([], "NVML (pip install nvidia-ml-py)")

@@ -57,16 +57,21 @@ def _gpu_min(records: Mapping[int, Mapping[str, Any]], node: int, key: str) -> f
     return min(values) if values else None
 
 
-def _fabric(records: Mapping[int, Mapping[str, Any]], node: int, key: str, best: Callable) -> tuple[float, str] | None:
+def incoming(records: Mapping[int, Mapping[str, Any]]) -> dict[int, int]:
+    """Each node's predecessor in the ring, by the link the predecessor measured to it."""
+    return {record["fabric"]["to"]: node for node, record in records.items() if isinstance(record.get("fabric", {}).get("to"), int)}
+
+
+def _fabric(records: Mapping[int, Mapping[str, Any]], node: int, key: str, best: Callable, into: Mapping[int, int]) -> tuple[float, str] | None:
     """The better of the node's two ring links for ``key`` (mbs, rtt_us), and how to say it."""
     links = []
     out = records[node].get("fabric", {})
     if key in out:
         links.append((out[key], f"to {_host(records, out.get('to'))}"))
-    for other, record in records.items():
-        link = record.get("fabric", {})
-        if other != node and link.get("to") == node and key in link:
-            links.append((link[key], f"from {_host(records, other)}"))
+    other = into.get(node)
+    link = records[other].get("fabric", {}) if other is not None and other != node else {}
+    if key in link:
+        links.append((link[key], f"from {_host(records, other)}"))
     if not links:
         return None
     value = best(v for v, _ in links)
@@ -92,13 +97,13 @@ def _say(key: str, value: float) -> str:
 
 # (measure named in the line, how a node's figure is read, key for units, lower is better)
 MEASURES: tuple[tuple[str, Callable[..., Any], str, bool], ...] = (
-    ("compute", lambda r, n: _figure(r, n, "compute_gflops"), "compute_gflops", False),
-    ("memory", lambda r, n: _figure(r, n, "memory_gbs"), "memory_gbs", False),
-    ("GPU compute", lambda r, n: _gpu_min(r, n, "tflops"), "tflops", False),
-    ("host to GPU", lambda r, n: _gpu_min(r, n, "h2d_gbs"), "h2d_gbs", False),
-    ("GPU to host", lambda r, n: _gpu_min(r, n, "d2h_gbs"), "d2h_gbs", False),
-    ("fabric", lambda r, n: _fabric(r, n, "mbs", max), "mbs", False),
-    ("fabric latency", lambda r, n: _fabric(r, n, "rtt_us", min), "rtt_us", True),
+    ("compute", lambda r, n, _i: _figure(r, n, "compute_gflops"), "compute_gflops", False),
+    ("memory", lambda r, n, _i: _figure(r, n, "memory_gbs"), "memory_gbs", False),
+    ("GPU compute", lambda r, n, _i: _gpu_min(r, n, "tflops"), "tflops", False),
+    ("host to GPU", lambda r, n, _i: _gpu_min(r, n, "h2d_gbs"), "h2d_gbs", False),
+    ("GPU to host", lambda r, n, _i: _gpu_min(r, n, "d2h_gbs"), "d2h_gbs", False),
+    ("fabric", lambda r, n, i: _fabric(r, n, "mbs", max, i), "mbs", False),
+    ("fabric latency", lambda r, n, i: _fabric(r, n, "rtt_us", min, i), "rtt_us", True),
 )
 
 
@@ -118,8 +123,9 @@ def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: floa
             found.append(Finding(node, host, "fabric", f"to {_host(records, link.get('to'))}: {link['error']}", 1.0))
     if len({r.get("host") for r in records.values()}) < 2:
         return sorted(found, key=lambda f: f.node)  # processes sharing one machine (simulated nodes): no speed to compare
+    into = incoming(records)
     for measure, read, key, lower_better in MEASURES:
-        values = {node: read(records, node) for node in records}
+        values = {node: read(records, node, into) for node in records}
         plain = {n: (v[0] if isinstance(v, tuple) else v) for n, v in values.items() if v is not None}
         if len(plain) < 2:
             continue
@@ -141,8 +147,9 @@ def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: floa
 def medians(records: Mapping[int, Mapping[str, Any]]) -> str:
     """Each measure's median over the nodes, in words: ``compute 68.4 GFLOP/s, fabric 2.3 GB/s, ...``."""
     said = []
+    into = incoming(records)
     for measure, read, key, _lower in MEASURES:
-        values = [v[0] if isinstance(v, tuple) else v for v in (read(records, n) for n in records) if v is not None]
+        values = [v[0] if isinstance(v, tuple) else v for v in (read(records, n, into) for n in records) if v is not None]
         if values:
             said.append(f"{measure} {_say(key, statistics.median(values))}")
     return ", ".join(said)

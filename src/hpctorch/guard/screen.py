@@ -46,6 +46,8 @@ class Screened:
     unmeasured: list[str]
     seconds: float
     records: dict[int, dict[str, Any]] = field(default_factory=dict)
+    after_go_s: float = 0.0
+    """Node 0: from the nodes' setting off together to the verdict."""
 
     @property
     def bad_nodes(self) -> list[int]:
@@ -104,7 +106,7 @@ def run(plan: Plan, store, threshold: float, use_gpus: bool, prefix: str, wait_s
         store.set(f"{prefix}record/{plan.node_rank}", json.dumps(record))
         store.append(prefix + "arrived", f"{plan.node_rank},")
         if plan.is_master:
-            return _judge(plan, store, prefix, threshold, started, go + budget_s, record)
+            return _judge(plan, store, prefix, threshold, started, go, go + budget_s, record)
         return _verdict(plan, store, prefix, started, go + budget_s + VERDICT_AFTER_S)
     except (RuntimeError, ValueError) as exc:  # torch's store errors (DistError is a RuntimeError)
         if plan.is_master:
@@ -169,7 +171,7 @@ def _probe_successor(plan: Plan, store, prefix: str, until: float) -> dict[str, 
     return {"to": successor, **ringlink.probe(store.get(key).decode(), until)}
 
 
-def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, until: float,  # type: ignore[no-untyped-def]
+def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, go: float, until: float,  # type: ignore[no-untyped-def]
            mine: dict[str, Any]) -> Screened:
     records: dict[int, dict[str, Any]] = {plan.node_rank: mine}
     pause = POLL_S
@@ -183,7 +185,7 @@ def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, unt
         time.sleep(pause)
         pause = min(pause * 1.5, POLL_MAX_S)
     findings = [f.as_dict() for f in judge.judge(records, plan.nnodes, threshold, plan.nodes)]
-    outcome = Screened(findings, judge.unmeasured(records), time.monotonic() - started, records)
+    outcome = Screened(findings, judge.unmeasured(records), time.monotonic() - started, records, time.monotonic() - go)
     store.set(prefix + "verdict", json.dumps({"findings": findings, "unmeasured": outcome.unmeasured, "seconds": outcome.seconds}))
     end = time.monotonic() + ACK_S  # node 0's store must outlive the others' reading of the verdict
     while store.add(prefix + "read", 0) < len(records) - 1 and time.monotonic() < end:
