@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,18 +37,25 @@ def screen_lines(output: str) -> list[str]:
     return [line for line in unprefixed(output).splitlines() if line.startswith("hpctorch: screen: ")]
 
 
-@pytest.fixture
-def shaped_link(cluster: Cluster) -> Iterator[str]:
-    """node3's fabric at 20 Mbit/s both ways: its own egress, and the bridge's port towards it."""
-    ends = [["ip", "netns", "exec", cluster.netns("node3"), "tc", "qdisc", "{}", "dev", "hsn0", "root"], ["tc", "qdisc", "{}", "dev", "hpctf3h", "root"]]
+@contextmanager
+def shaped(cluster: Cluster, index: int) -> Iterator[str]:
+    """node<index>'s fabric at 20 Mbit/s both ways: its own egress, and the bridge's port towards it."""
+    node = f"node{index}"
+    ends = [["ip", "netns", "exec", cluster.netns(node), "tc", "qdisc", "{}", "dev", "hsn0", "root"], ["tc", "qdisc", "{}", "dev", f"hpctf{index}h", "root"]]
     shape = ["tbf", "rate", SHAPED, "burst", "32kbit", "latency", "50ms"]
     try:
         for end in ends:
             subprocess.run([w.format("add") for w in end] + shape, check=True, capture_output=True, timeout=10)
-        yield "node3"
+        yield node
     finally:
         for end in ends:
             subprocess.run([w.format("del") for w in end], check=False, capture_output=True, timeout=10)
+
+
+@pytest.fixture
+def shaped_link(cluster: Cluster) -> Iterator[str]:
+    with shaped(cluster, 3) as node:
+        yield node
 
 
 @pytest.fixture
@@ -125,3 +133,17 @@ def test_the_doctor_names_a_shaped_link_and_every_node_hears_the_verdict(cluster
     assert "ok: every check passed" not in done.stdout
     assert done.stderr.count("report sent; node 0 printed the table (exit 1)") == 2, done.stderr[-3000:]
     assert "never reported" not in done.stdout + done.stderr
+
+
+def test_spare_nodes_leave_the_shaped_master_out_and_the_rest_train_renumbered(cluster: Cluster, job_dir: Path) -> None:
+    """node1 (node 0, the master) has the slow link: it sits out, node2 becomes the master."""
+    with shaped(cluster, 1):
+        state, output, _ = screened(cluster, job_dir, "--spare-nodes", "1")
+    assert state == "COMPLETED", output[-3000:]
+    assert "hpctorch: screen: node1: fabric " in output, output[-3000:]
+    assert "hpctorch: node1 sits out as a spare (fabric " in output, output[-3000:]
+    assert "hpctorch: running on 2 of 3 nodes (node[2-3]), world size 2, master 198.18.0.2; spare: node1" in output, output[-3000:]
+    ranks = toy_ranks(output)
+    assert sorted((r["rank"], r["host"], r["node_rank"], r["world"]) for r in ranks) == [("0", "node2", "0", "2"), ("1", "node3", "1", "2")], output[-3000:]
+    assert {r["master"].rsplit(":", 1)[0] for r in ranks} == {"198.18.0.2"}
+    assert "done world=2" in output

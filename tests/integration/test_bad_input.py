@@ -47,6 +47,12 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "--screen=maybe", SCRIPT), ("--screen", "'maybe'")),
         (("run", "--screen", "--simulate-nodes", "2", SCRIPT), ("--simulate-nodes", "--screen")),
         (("run", "--mode", "per-task", "--screen", SCRIPT), ("--screen needs one hpctorch per node", "per-task")),
+        (("run", "--spare-nodes", "-1", SCRIPT), ("'-1' is not a count of nodes",)),
+        (("run", "--spare-nodes", "1", SCRIPT), ("--spare-nodes 1 on a single node",)),
+        (("run", "--spare-nodes", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT), ("--spare-nodes 2 of 2 nodes", "at most 1")),
+        (("run", "--spare-nodes", "1", "--max-restarts", "1", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT),
+         ("--max-restarts", "not supported yet")),
+        (("run", "--spare-nodes", "1", "--simulate-nodes", "2", SCRIPT), ("--spare-nodes measures real nodes",)),
         (("stacks", "--timeout", "-1"), ("--timeout -1",)),
         (("plan", "--master-port", "70000"), ("70000",)),
         # Was a traceback under torch's agent ("Not a directory" under hpctorch's starter).

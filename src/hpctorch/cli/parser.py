@@ -35,6 +35,12 @@ def _nproc(value: str) -> int | None:
         raise argparse.ArgumentTypeError(f"{value!r} is not a count, 'gpu', 'cpu' or 'auto'") from None
 
 
+def _count(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a count of nodes (0 or more)")
+    return int(value)
+
+
 def _fraction(value: str) -> float:
     try:
         number = float(value)
@@ -95,6 +101,8 @@ def parser(only: str | None = None) -> _Parser:
                          help="before the workers start, measure every node and its link; node 0 names those below the median, and the job goes on")
         run.add_argument("--screen=fail", dest="screen", action="store_const", const="fail",
                          help="the same, but a bad node stops the job before its workers start (exit 3)")
+        run.add_argument("--spare-nodes", type=_count, default=0, metavar="K",
+                         help="screen the nodes, then run on all but the K worst (renumbered; the spares exit 0)")
         run.add_argument("--screen-threshold", type=_fraction, default=0.5, metavar="F",
                          help="a node is bad below F times the job's median (default 0.5)")
         run.add_argument("--timings", action="store_true", help="rank 0 prints where startup went, stage by stage, slowest node first")

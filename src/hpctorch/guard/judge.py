@@ -171,3 +171,22 @@ def unmeasured(records: Mapping[int, Mapping[str, Any]]) -> list[str]:
         for what in record.get("unmeasured", []):
             counts[what] = counts.get(what, 0) + 1
     return [f"{what} on {count} node{'s' if count != 1 else ''}" for what, count in sorted(counts.items())]
+
+
+def ranking(records: Mapping[int, Mapping[str, Any]], findings: list[Finding], nnodes: int) -> list[int]:
+    """Every node from worst to best: the most findings first (a missing record counts), then the
+    lowest figure relative to its median, over every measure (a latency inverted)."""
+    into = incoming(records)
+    worst: dict[int, float] = {n: 1.0 for n in range(nnodes)}
+    for _measure, read, _key, lower_better in MEASURES:
+        values = {n: (v[0] if isinstance(v, tuple) else v) for n in records if (v := read(records, n, into)) is not None}
+        if len(values) < 2:
+            continue
+        median = statistics.median(values.values())
+        for node, value in values.items():
+            ratio = (median / value if value else 0.0) if lower_better else (value / median if median else 1.0)
+            worst[node] = min(worst[node], ratio)
+    counts = {n: 0 for n in range(nnodes)}
+    for finding in findings:
+        counts[finding.node] += 1
+    return sorted(range(nnodes), key=lambda n: (-counts[n], worst[n], n))

@@ -48,6 +48,10 @@ class Screened:
     records: dict[int, dict[str, Any]] = field(default_factory=dict)
     after_go_s: float = 0.0
     """Node 0: from the nodes' setting off together to the verdict."""
+    spares: list[int] = field(default_factory=list)
+    """``--spare-nodes``: the nodes that sit out (the worst first), and the first kept node's
+    address, the job's master from now on."""
+    master: str | None = None
 
     @property
     def bad_nodes(self) -> list[int]:
@@ -63,7 +67,7 @@ class Screened:
         return said
 
     def as_dict(self) -> dict[str, Any]:
-        return {"findings": self.findings, "unmeasured": self.unmeasured, "seconds": round(self.seconds, 2),
+        return {"findings": self.findings, "unmeasured": self.unmeasured, "seconds": round(self.seconds, 2), "spares": self.spares,
                 "figures": {str(n): r for n, r in sorted(self.records.items())}}
 
 
@@ -93,12 +97,14 @@ def connect(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
 
 
 def run(plan: Plan, store, threshold: float, use_gpus: bool, prefix: str, wait_s: float,  # type: ignore[no-untyped-def]
-        budget_s: float = BUDGET_S, local: Callable[[bool], dict[str, Any]] = measure.this_node, ring: bool = True) -> Screened:
+        budget_s: float = BUDGET_S, local: Callable[[bool], dict[str, Any]] = measure.this_node, ring: bool = True,
+        spares: int = 0) -> Screened:
     """This node's part of the screen, on ``store`` under ``prefix``; the outcome for all.
 
     ``wait_s`` bounds the wait for the other nodes to arrive (the rendezvous timeout); from the
     last arrival on, everything ends within ``budget_s``. ``local`` measures this node; without
-    ``ring`` no link is measured (the benchmark's simulated nodes share one machine).
+    ``ring`` no link is measured (the benchmark's simulated nodes share one machine). With
+    ``spares``, node 0 also chooses that many nodes to sit out, the worst first.
     """
     started = time.monotonic()
     try:
@@ -106,7 +112,7 @@ def run(plan: Plan, store, threshold: float, use_gpus: bool, prefix: str, wait_s
         store.set(f"{prefix}record/{plan.node_rank}", json.dumps(record))
         store.append(prefix + "arrived", f"{plan.node_rank},")
         if plan.is_master:
-            return _judge(plan, store, prefix, threshold, started, go, go + budget_s, record)
+            return _judge(plan, store, prefix, threshold, started, go, go + budget_s, record, spares)
         return _verdict(plan, store, prefix, started, go + budget_s + VERDICT_AFTER_S)
     except (RuntimeError, ValueError) as exc:  # torch's store errors (DistError is a RuntimeError)
         if plan.is_master:
@@ -122,7 +128,7 @@ def _measure(plan: Plan, store, prefix: str, local: Callable[[], dict[str, Any]]
              arrive_by: float, budget_s: float) -> tuple[dict[str, Any], float]:
     """This node's record, and when the nodes set off together (time.monotonic)."""
     me = plan.node_rank
-    record: dict[str, Any] = {"node": me, "host": socket.gethostname()}
+    record: dict[str, Any] = {"node": me, "host": socket.gethostname(), "addr": plan.local_addr}
     listener = ringlink.RingListener(plan.local_addr or "0.0.0.0") if ring else None
     try:
         if listener is not None:
@@ -172,7 +178,7 @@ def _probe_successor(plan: Plan, store, prefix: str, until: float) -> dict[str, 
 
 
 def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, go: float, until: float,  # type: ignore[no-untyped-def]
-           mine: dict[str, Any]) -> Screened:
+           mine: dict[str, Any], spares: int) -> Screened:
     records: dict[int, dict[str, Any]] = {plan.node_rank: mine}
     pause = POLL_S
     while len(records) < plan.nnodes and time.monotonic() < until:
@@ -184,9 +190,16 @@ def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, go:
             continue
         time.sleep(pause)
         pause = min(pause * 1.5, POLL_MAX_S)
-    findings = [f.as_dict() for f in judge.judge(records, plan.nnodes, threshold, plan.nodes)]
+    found = judge.judge(records, plan.nnodes, threshold, plan.nodes)
+    findings = [f.as_dict() for f in found]
     outcome = Screened(findings, judge.unmeasured(records), time.monotonic() - started, records, time.monotonic() - go)
-    store.set(prefix + "verdict", json.dumps({"findings": findings, "unmeasured": outcome.unmeasured, "seconds": outcome.seconds}))
+    if spares:
+        order = judge.ranking(records, found, plan.nnodes)
+        outcome.spares = order[:spares]
+        first = min(n for n in order[spares:])
+        outcome.master = (records.get(first) or {}).get("addr") or (plan.nodes[first] if first < len(plan.nodes) else None)
+    store.set(prefix + "verdict", json.dumps({"findings": findings, "unmeasured": outcome.unmeasured, "seconds": outcome.seconds,
+                                              "spares": outcome.spares, "master": outcome.master}))
     end = time.monotonic() + ACK_S  # node 0's store must outlive the others' reading of the verdict
     while store.add(prefix + "read", 0) < len(records) - 1 and time.monotonic() < end:
         time.sleep(POLL_S)
@@ -202,12 +215,12 @@ def _verdict(plan: Plan, store, prefix: str, started: float, until: float) -> Sc
     except Exception:  # noqa: BLE001 - node 0 gone or late: this node goes on, it cannot judge alone
         print(f"hpctorch: screen: node {plan.node_rank}: no verdict from node 0 within {wait_s:.0f} s; going on", file=sys.stderr, flush=True)
         return Screened([], [], time.monotonic() - started)
-    return Screened(said["findings"], said["unmeasured"], float(said["seconds"]))
+    return Screened(said["findings"], said["unmeasured"], float(said["seconds"]), spares=said.get("spares", []), master=said.get("master"))
 
 
 def report(plan: Plan, outcome: Screened, threshold: float, action: str, env: Mapping[str, str]) -> None:
     """Node 0 says the findings and puts the bad nodes on the user's list; with ``fail`` and a
-    bad node, every node stops here (EXIT_BAD_NODES)."""
+    bad node that is not a spare, every node stops here (EXIT_BAD_NODES)."""
     if plan.is_master:
         print(printable("\n".join(outcome.lines(plan.nnodes, threshold))), file=sys.stderr, flush=True)
         if outcome.bad_nodes and plan.nnodes > 1:
@@ -215,15 +228,21 @@ def report(plan: Plan, outcome: Screened, threshold: float, action: str, env: Ma
 
             for node in outcome.bad_nodes:
                 reason = "; ".join(f["line"] for f in outcome.findings if f["node"] == node)
-                name = plan.nodes[node] if node < len(plan.nodes) else str(outcome.findings[0]["host"])
+                name = plan.nodes[node] if node < len(plan.nodes) else host_of(outcome, node)
                 try:
                     badnodes.add(env, [name], f"screen: {reason}"[:300], plan.job_id)
                 except (OSError, HpctorchError) as exc:
                     print(f"hpctorch: screen: could not add {name} to the bad-node list: {exc}", file=sys.stderr, flush=True)
-    if action == "fail" and outcome.bad_nodes:
+    kept_bad = [n for n in outcome.bad_nodes if n not in outcome.spares]
+    if action == "fail" and kept_bad:
         if not plan.is_master:
             raise HpctorchError("", exit_code=EXIT_BAD_NODES)  # node 0 says it, once for the job
-        named = ", ".join(str(outcome.findings[[f["node"] for f in outcome.findings].index(n)]["host"]) for n in outcome.bad_nodes)
-        raise HpctorchError(f"the screen judged {len(outcome.bad_nodes)} node(s) bad ({named}); no worker was started",
+        named = ", ".join(host_of(outcome, n) for n in kept_bad)
+        raise HpctorchError(f"the screen judged {len(kept_bad)} node(s) bad ({named}); no worker was started",
                             "leave them out (hpctorch submit excludes the bad-node list; --spare-nodes runs on the best), "
                             "or go on with --screen=warn", exit_code=EXIT_BAD_NODES)
+
+
+def host_of(outcome: Screened, node: int) -> str:
+    """The name node 0's findings give ``node`` (its host name), else its number."""
+    return next((str(f["host"]) for f in outcome.findings if f["node"] == node), f"node {node}")

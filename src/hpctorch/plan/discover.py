@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from .. import timings
@@ -91,3 +91,16 @@ def plan_here(options: Options, env: Mapping[str, str], exchange: bool = True) -
     final = make_plan(replace(allocation, master_addr=address, sources=sources), replace(options, master_addr=None), facts, choices)
     assert final.master_addr is not None
     return final
+
+
+def plan_keeping(options: Options, env: Mapping[str, str], kept: Sequence[int], master_addr: str, master_port: int) -> Plan:
+    """This node's plan for the job on the nodes ``kept`` alone (``--spare-nodes``, after the
+    screen): renumbered in their order, the first one the master, on the port already chosen."""
+    allocation, facts = _allocation(options, env)
+    if allocation.launched is not Launched.NODES or allocation.node_rank is None:
+        raise HpctorchError(f"--spare-nodes needs one hpctorch per node, started by a launcher that numbers the nodes, and {allocation.scheduler} "
+                            "did not", "start one hpctorch per node (srun --ntasks-per-node=1, mpirun --map-by ppr:1:node), or drop --spare-nodes")
+    mine = list(kept).index(allocation.node_rank)
+    narrowed = replace(options, master_addr=master_addr, master_port=master_port,
+                       nnodes=len(kept) if options.nnodes is not None else None, node_rank=mine if options.node_rank is not None else None)
+    return make_plan(allocation.keeping(kept, master_addr), narrowed, facts, fabric.choose(narrowed, facts, master_addr))

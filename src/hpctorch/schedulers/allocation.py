@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 
 class Launched(enum.Enum):
@@ -99,6 +99,19 @@ class Allocation:
     @property
     def tasks_on_this_node(self) -> int:
         return self.tasks_per_node[self.node_rank or 0]
+
+    def keeping(self, kept: Sequence[int], master_addr: str) -> "Allocation":
+        """The same job on the nodes ``kept`` alone (--spare-nodes), renumbered in their order,
+        with ``master_addr`` (the first kept node's); this node must be one of them."""
+        assert self.node_rank is not None and self.node_rank in kept, "a spare does not plan"
+
+        def subset(values: tuple[int, ...] | None) -> tuple[int, ...] | None:
+            return tuple(values[n] for n in kept) if values else values
+
+        return replace(self, nodes=tuple(self.nodes[n] for n in kept) if self.nodes else (), tasks_per_node=subset(self.tasks_per_node),
+                       cpus_per_node=subset(self.cpus_per_node) or (), slots_per_node=subset(self.slots_per_node),
+                       node_rank=list(kept).index(self.node_rank), master_addr=master_addr,
+                       sources={**self.sources, "master_addr": "the first node kept after the screen (--spare-nodes)"})
 
     def relaunch_command(self, tasks: int | None = None, gpus: bool = False) -> tuple[str, ...]:
         """The launcher's relaunch prefix for this job's node count: one task per node, or with
