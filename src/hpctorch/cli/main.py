@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..errors import HpctorchError, os_error_line
 from ..plan.types import Options, Plan
 from ..schedulers import hostlist
-from . import torchrun
+from . import screening, torchrun
 from .parser import EXIT_USAGE, parser
 
 
@@ -161,9 +161,7 @@ def _run(args: argparse.Namespace) -> int:
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
     local_ranks = _local_ranks(args)
     stall = _stall(args)
-    if (args.screen or args.spare_nodes) and args.simulate_nodes:
-        raise HpctorchError(f"{'--spare-nodes' if args.spare_nodes else '--screen'} measures real nodes, and --simulate-nodes runs them all on this machine",
-                            "drop one of them ('hpctorch doctor --simulate-nodes N' shows the screen's figures without judging them)")
+    screening.check_args(args)
     if args.log_dir and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise HpctorchError(f"--log-dir {args.log_dir} is a file", "give --log-dir a folder (it is made if missing)")
     from .. import timings
@@ -179,24 +177,21 @@ def _run(args: argparse.Namespace) -> int:
         # Per task the step starts every rank: each must not start --nproc-per-node more of its own.
         launch.exec_relaunch(plan, _without_nproc(args) if plan.relaunch_per_task else args.argv)
     launch.check_master_port(plan)
-    _check_spares(args, plan)
+    screening.check_spares(args, plan)
     if plan.mode in ("per-task", "unchanged"):
         if stall:
             raise HpctorchError(f"--stall-timeout needs hpctorch's per-node agent, and this is a {plan.mode} run "
                                 f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
                                 "start one hpctorch per node (e.g. srun --ntasks-per-node=1), or run 'hpctorch stacks' on the nodes when the job hangs")
-        if args.screen or args.spare_nodes:
-            raise HpctorchError(f"{'--spare-nodes' if args.spare_nodes else '--screen'} needs one hpctorch per node, and this is a {plan.mode} run "
-                                f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
-                                "start one hpctorch per node (e.g. srun --ntasks-per-node=1 hpctorch run --nproc-per-node N), or run 'hpctorch doctor' first")
+        screening.check_per_task(args, plan)
         launch.exec_per_task(plan)
     if plan.node_rank == 0 and not args.quiet:  # one copy per job, not one per node
         from ..plan.render import banner, table
 
         print(table(plan) if args.verbose else banner(plan), file=sys.stderr, flush=True)
-    screened = _screen(args, plan) if args.screen or args.spare_nodes else None
+    screened = screening.screen(args, plan) if args.screen or args.spare_nodes else None
     if args.spare_nodes:
-        kept = _without_spares(args, plan, screened)
+        kept = screening.without_spares(args, plan, screened, _options(args))
         if kept is None:
             return 0  # a spare: it said why
         plan = kept
@@ -214,88 +209,11 @@ def _run(args: argparse.Namespace) -> int:
                                 prefix=not args.no_prefix, console_ranks=console, quiet=args.quiet, summary_json=args.summary_json,
                                 local_ranks=local_ranks, stall=stall)
     except WorkersFailed as exc:
-        _screen_to_summary(args, plan, screened)
+        screening.to_summary(args, plan, screened)
         print(f"hpctorch: {exc.line}", file=sys.stderr)
         return _leave(exc.exit_code) if plan.starter == "torch" and not plan.simulated else exc.exit_code
-    _screen_to_summary(args, plan, screened)
+    screening.to_summary(args, plan, screened)
     return _leave(0) if plan.starter == "torch" and not plan.simulated else 0
-
-
-def _screen(args: argparse.Namespace, plan: Plan):  # type: ignore[no-untyped-def]
-    """``--screen``: measure every node before the workers start; node 0 names the bad ones."""
-    from ..guard import screen
-
-    store = screen.connect(plan, plan.rdzv_timeout)
-    try:
-        outcome = screen.run(plan, store, args.screen_threshold, _uses_gpus(plan), f"hpctorch/{plan.run_id}/screen/", plan.rdzv_timeout,
-                             spares=args.spare_nodes)
-    finally:
-        del store  # node 0's store leaves the master port to the job's own
-    from .. import timings
-
-    timings.mark("screen done")
-    screen.report(plan, outcome, args.screen_threshold, args.screen or "warn", os.environ)
-    return outcome
-
-
-def _check_spares(args: argparse.Namespace, plan: Plan) -> None:
-    if not args.spare_nodes:
-        return
-    if plan.nnodes == 1:
-        raise HpctorchError(f"--spare-nodes {args.spare_nodes} on a single node leaves nothing to run on", "drop --spare-nodes, or run on several nodes")
-    if args.spare_nodes >= plan.nnodes:
-        raise HpctorchError(f"--spare-nodes {args.spare_nodes} of {plan.nnodes} nodes leaves nothing to run on",
-                            f"give at most {plan.nnodes - 1}, or ask the scheduler for more nodes")
-    if plan.max_restarts:
-        raise HpctorchError("--spare-nodes with --max-restarts (spares waiting to replace a failed node) is not supported yet",
-                            "drop one of them: the spares exit 0 once the screen has chosen the nodes")
-
-
-def _without_spares(args: argparse.Namespace, plan: Plan, screened) -> Plan | None:  # type: ignore[no-untyped-def]
-    """--spare-nodes: this node's plan on the nodes kept, or None (said) on a spare."""
-    from ..guard.screen import host_of
-    from ..plan.discover import plan_keeping
-
-    if len(screened.spares) != args.spare_nodes or not screened.master:
-        raise HpctorchError("node 0 did not say which nodes sit out (its verdict never came)",
-                            "see node 0's output; rerun, or drop --spare-nodes")
-    names = [plan.nodes[n] if n < len(plan.nodes) else host_of(screened, n) for n in range(plan.nnodes)]
-    if plan.node_rank in screened.spares:
-        why = "; ".join(f["detail"] if f["measure"] == "screen" else f"{f['measure']} {f['detail']}"
-                        for f in screened.findings if f["node"] == plan.node_rank)
-        print(f"hpctorch: {names[plan.node_rank]} sits out as a spare ({why or 'the slowest of the nodes screened'})", file=sys.stderr, flush=True)
-        return None
-    kept = [n for n in range(plan.nnodes) if n not in screened.spares]
-    narrowed = plan_keeping(_options(args), os.environ, kept, screened.master, plan.master_port)
-    if narrowed.node_rank == 0 and not args.quiet:
-        print(f"hpctorch: running on {len(kept)} of {plan.nnodes} nodes ({hostlist.display(tuple(names[n] for n in kept))}), "
-              f"world size {narrowed.world_size}, master {narrowed.master_addr}; spare: {', '.join(names[n] for n in screened.spares)}",
-              file=sys.stderr, flush=True)
-    return narrowed
-
-
-def _screen_to_summary(args: argparse.Namespace, plan: Plan, screened) -> None:  # type: ignore[no-untyped-def]
-    """Every node's figures join node 0's --summary-json."""
-    if screened is None or not args.summary_json or not plan.is_master or not os.path.isfile(args.summary_json):
-        return
-    import json
-
-    with open(args.summary_json, encoding="utf-8") as handle:
-        data = json.load(handle)
-    data["screen"] = screened.as_dict()
-    with open(args.summary_json, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2)
-        handle.write("\n")
-
-
-def _uses_gpus(plan: Plan) -> bool:
-    return any(w.env.get("CUDA_VISIBLE_DEVICES") not in (None, "") or w.env.get("HPCTORCH_DEVICES") for w in plan.workers) and _cuda()
-
-
-def _cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 def _leave(code: int) -> int:

@@ -1,0 +1,109 @@
+"""``run --screen`` and ``--spare-nodes`` from the command line: screen before the start, then
+the plan on the nodes kept."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..errors import HpctorchError
+from ..plan.types import Options, Plan
+from ..schedulers import hostlist
+
+
+def screen(args: argparse.Namespace, plan: Plan):  # type: ignore[no-untyped-def]
+    """``--screen``: measure every node before the workers start; node 0 names the bad ones."""
+    from ..guard import screen as screening
+
+    store = screening.connect(plan, plan.rdzv_timeout)
+    try:
+        outcome = screening.run(plan, store, args.screen_threshold, _uses_gpus(plan), f"hpctorch/{plan.run_id}/screen/", plan.rdzv_timeout,
+                             spares=args.spare_nodes)
+    finally:
+        del store  # node 0's store leaves the master port to the job's own
+    from .. import timings
+
+    timings.mark("screen done")
+    screening.report(plan, outcome, args.screen_threshold, args.screen or "warn", os.environ)
+    return outcome
+
+
+def _flag(args: argparse.Namespace) -> str:
+    return "--spare-nodes" if args.spare_nodes else "--screen"
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """What the command line alone contradicts, before anything is planned or printed."""
+    if (args.screen or args.spare_nodes) and args.simulate_nodes:
+        raise HpctorchError(f"{_flag(args)} measures real nodes, and --simulate-nodes runs them all on this machine",
+                            "drop one of them ('hpctorch doctor --simulate-nodes N' shows the screen's figures without judging them)")
+
+
+def check_per_task(args: argparse.Namespace, plan: Plan) -> None:
+    """Per task every rank is a process of its own: no process stands for its node (not yet)."""
+    if args.screen or args.spare_nodes:
+        raise HpctorchError(f"{_flag(args)} needs one hpctorch per node, and this is a {plan.mode} run "
+                            f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
+                            "start one hpctorch per node (e.g. srun --ntasks-per-node=1 hpctorch run --nproc-per-node N), or run 'hpctorch doctor' first")
+
+
+def check_spares(args: argparse.Namespace, plan: Plan) -> None:
+    """--spare-nodes against the plan: something must be left to run on."""
+    if not args.spare_nodes:
+        return
+    if plan.nnodes == 1:
+        raise HpctorchError(f"--spare-nodes {args.spare_nodes} on a single node leaves nothing to run on", "drop --spare-nodes, or run on several nodes")
+    if args.spare_nodes >= plan.nnodes:
+        raise HpctorchError(f"--spare-nodes {args.spare_nodes} of {plan.nnodes} nodes leaves nothing to run on",
+                            f"give at most {plan.nnodes - 1}, or ask the scheduler for more nodes")
+    if plan.max_restarts:
+        raise HpctorchError("--spare-nodes with --max-restarts (spares waiting to replace a failed node) is not supported yet",
+                            "drop one of them: the spares exit 0 once the screen has chosen the nodes")
+
+
+def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Options) -> Plan | None:  # type: ignore[no-untyped-def]
+    """--spare-nodes: this node's plan on the nodes kept, or None (said) on a spare."""
+    from ..guard.screen import host_of
+    from ..plan.discover import plan_keeping
+
+    if len(screened.spares) != args.spare_nodes or not screened.master:
+        raise HpctorchError("node 0 did not say which nodes sit out (its verdict never came)",
+                            "see node 0's output; rerun, or drop --spare-nodes")
+    names = [plan.nodes[n] if n < len(plan.nodes) else host_of(screened, n) for n in range(plan.nnodes)]
+    if plan.node_rank in screened.spares:
+        why = "; ".join(f["detail"] if f["measure"] == "screen" else f"{f['measure']} {f['detail']}"
+                        for f in screened.findings if f["node"] == plan.node_rank)
+        print(f"hpctorch: {names[plan.node_rank]} sits out as a spare ({why or 'the slowest of the nodes screened'})", file=sys.stderr, flush=True)
+        return None
+    kept = [n for n in range(plan.nnodes) if n not in screened.spares]
+    narrowed = plan_keeping(options, os.environ, kept, screened.master, plan.master_port)
+    if narrowed.node_rank == 0 and not args.quiet:
+        print(f"hpctorch: running on {len(kept)} of {plan.nnodes} nodes ({hostlist.display(tuple(names[n] for n in kept))}), "
+              f"world size {narrowed.world_size}, master {narrowed.master_addr}; spare: {', '.join(names[n] for n in screened.spares)}",
+              file=sys.stderr, flush=True)
+    return narrowed
+
+
+def to_summary(args: argparse.Namespace, plan: Plan, screened) -> None:  # type: ignore[no-untyped-def]
+    """Every node's figures join node 0's --summary-json."""
+    if screened is None or not args.summary_json or not plan.is_master or not os.path.isfile(args.summary_json):
+        return
+    import json
+
+    with open(args.summary_json, encoding="utf-8") as handle:
+        data = json.load(handle)
+    data["screen"] = screened.as_dict()
+    with open(args.summary_json, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2)
+        handle.write("\n")
+
+
+def _uses_gpus(plan: Plan) -> bool:
+    return any(w.env.get("CUDA_VISIBLE_DEVICES") not in (None, "") or w.env.get("HPCTORCH_DEVICES") for w in plan.workers) and _cuda()
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
