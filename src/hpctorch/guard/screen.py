@@ -30,6 +30,9 @@ BUDGET_S = 15.0
 EXIT_BAD_NODES = 3
 """``--screen=fail``'s exit status when nodes were judged bad: neither a usage error (2) nor
 a worker's failure (1)."""
+RING_SLOT_S = 2.5
+"""The ring's part of the screen: a link's second of bandwidth and quarter second of pings, with
+room for connecting and answering; the nodes measure themselves once it is over."""
 ACK_S = 2.5
 VERDICT_AFTER_S = 5.0
 """How long past the budget a node waits for node 0's verdict (node 0 judges once the budget is
@@ -143,6 +146,10 @@ def _measure(plan: Plan, store, prefix: str, local: Callable[[], dict[str, Any]]
             record["fabric"] = _probe_successor(plan, store, prefix, until)
             listener.wait()  # the predecessor's measure of this node's link: not disturbed by the others
             record["fabric_s"] = round(time.monotonic() - go, 2)
+            # Every node then measures itself at the same moment, none while others still send:
+            # on nodes sharing anything (a switch, a chassis' power, a test machine's cores) each
+            # node's figure is then taken under the same conditions as the others'.
+            time.sleep(max(0.0, min(go + RING_SLOT_S, until) - time.monotonic()))
     finally:
         if listener is not None:
             listener.close()
