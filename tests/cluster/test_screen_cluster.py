@@ -147,3 +147,19 @@ def test_spare_nodes_leave_the_shaped_master_out_and_the_rest_train_renumbered(c
     assert sorted((r["rank"], r["host"], r["node_rank"], r["world"]) for r in ranks) == [("0", "node2", "0", "2"), ("1", "node3", "1", "2")], output[-3000:]
     assert {r["master"].rsplit(":", 1)[0] for r in ranks} == {"198.18.0.2"}
     assert "done world=2" in output
+
+
+def test_spare_nodes_per_task_renumber_every_rank(cluster: Cluster, job_dir: Path) -> None:
+    """srun starts every rank (2 per node): node1's first rank screens for it, its other rank
+    waits for node 0's verdict; node1 sits out, and the 4 ranks of node2 and node3 are renumbered."""
+    script = job_dir / "job.sh"
+    script.write_text(f"#!/bin/sh\nexport HPCTORCH_BAD_NODES={job_dir / 'bad-nodes.jsonl'}\n"
+                      f"srun {HPCTORCH} run --spare-nodes 1 {TOY} --steps 2\n")
+    with shaped(cluster, 1):
+        state, output = cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=2")
+    assert state == "COMPLETED", output[-3000:]
+    assert output.count("hpctorch: node1 sits out as a spare (fabric ") == 1, output[-3000:]
+    assert output.count("hpctorch: running on 2 of 3 nodes (node[2-3]), world size 4, master 198.18.0.2; spare: node1") == 1, output[-3000:]
+    ranks = toy_ranks(output)
+    assert sorted((int(r["rank"]), r["host"], r["world"]) for r in ranks) == [(0, "node2", "4"), (1, "node2", "4"), (2, "node3", "4"), (3, "node3", "4")], output[-3000:]
+    assert "done world=4" in output

@@ -46,7 +46,6 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "--screen-threshold", "0", SCRIPT), ("'0' is not a fraction",)),
         (("run", "--screen=maybe", SCRIPT), ("--screen", "'maybe'")),
         (("run", "--screen", "--simulate-nodes", "2", SCRIPT), ("--simulate-nodes", "--screen")),
-        (("run", "--mode", "per-task", "--screen", SCRIPT), ("--screen needs one hpctorch per node", "per-task")),
         (("run", "--spare-nodes", "-1", SCRIPT), ("'-1' is not a count of nodes",)),
         (("run", "--spare-nodes", "1", SCRIPT), ("--spare-nodes 1 on a single node",)),
         (("run", "--spare-nodes", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT), ("--spare-nodes 2 of 2 nodes", "at most 1")),
@@ -76,6 +75,13 @@ def test_bad_command_lines(args: tuple[str, ...], words: tuple[str, ...]) -> Non
 def test_nested_launch_names_the_process_count() -> None:
     env = clean_env(RANK="0", WORLD_SIZE="4", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999")
     _assert_one_line(("run", "--nproc-per-node", "2", SCRIPT), env, "2 x 2 = 4 processes")
+
+
+def test_a_screen_under_torchrun_s_agent_says_there_is_nothing_to_renumber() -> None:
+    env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999",
+                    TORCHELASTIC_RUN_ID="job7")  # as torchrun's agent sets them
+    _assert_one_line(("run", "--screen", SCRIPT), env, "--screen needs one hpctorch per node", "unchanged")
+    _assert_one_line(("run", "--spare-nodes", "1", SCRIPT), env, "--spare-nodes")
 
 
 def test_contradictory_launcher_variables() -> None:

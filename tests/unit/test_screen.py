@@ -247,3 +247,24 @@ def test_nvml_complaints_are_problems_and_a_missing_nvml_is_said(monkeypatch: py
     assert problems == ["GPU 1: 3 uncorrected ECC errors", "GPU 1: thermal slowdown", "GPU 1: PCIe link x8 of x16"]
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
     assert measure.nvml_problems() == ([], "NVML (pip install nvidia-ml-py)")
+
+
+def test_the_worst_nodes_are_chosen_as_spares_bad_first_then_slowest() -> None:
+    records = {n: record(n, compute=100.0 - n) for n in range(4)}  # node 3 the slowest, none bad
+    assert judge.ranking(records, judge.judge(records, 4), 4)[:1] == [3]
+    records[1] = record(1, compute=10.0)  # bad: first, whatever the others' figures
+    del records[2]  # missing: as bad as can be
+    # Node 2 first: a spare chosen among the nodes that answered would leave the job waiting for it.
+    assert judge.ranking(records, judge.judge(records, 4), 4)[:2] == [2, 1]
+
+
+def test_an_allocation_keeping_some_nodes_renumbers_nodes_and_ranks() -> None:
+    from hpctorch.schedulers.allocation import Allocation, Launched, Launcher
+
+    job = Allocation(Launcher("slurm"), (2, 2, 2), Launched.RANKS, nodes=("n1", "n2", "n3"), job_id="9", task_rank=5, node_rank=2,
+                     local_task_rank=1, cpus_per_node=(8, 8, 4), master_addr="10.0.0.1")
+    kept = job.keeping([1, 2], "10.0.0.2")
+    assert (kept.nodes, kept.tasks_per_node, kept.cpus_per_node, kept.node_rank, kept.task_rank, kept.master_addr) == \
+        (("n2", "n3"), (2, 2), (8, 4), 1, 3, "10.0.0.2")
+    per_node = Allocation(Launcher("slurm"), (1, 1, 1), nodes=("n1", "n2", "n3"), node_rank=1)
+    assert per_node.keeping([1, 2], "10.0.0.2").node_rank == 0 and per_node.keeping([1, 2], "x").task_rank is None

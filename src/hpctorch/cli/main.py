@@ -184,6 +184,12 @@ def _run(args: argparse.Namespace) -> int:
                                 f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
                                 "start one hpctorch per node (e.g. srun --ntasks-per-node=1), or run 'hpctorch stacks' on the nodes when the job hangs")
         screening.check_per_task(args, plan)
+        if args.screen or args.spare_nodes:
+            kept = screening.per_task(args, plan, _options(args))
+            if kept is None:
+                return 0  # a spare's rank
+            plan = kept
+            launch.check_master_port(plan)
         launch.exec_per_task(plan)
     if plan.node_rank == 0 and not args.quiet:  # one copy per job, not one per node
         from ..plan.render import banner, table

@@ -41,8 +41,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def check_per_task(args: argparse.Namespace, plan: Plan) -> None:
-    """Per task every rank is a process of its own: no process stands for its node (not yet)."""
-    if args.screen or args.spare_nodes:
+    """Where the launcher set every variable (torchrun's agent), there is nothing to renumber."""
+    if (args.screen or args.spare_nodes) and plan.mode != "per-task":
         raise HpctorchError(f"{_flag(args)} needs one hpctorch per node, and this is a {plan.mode} run "
                             f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
                             "start one hpctorch per node (e.g. srun --ntasks-per-node=1 hpctorch run --nproc-per-node N), or run 'hpctorch doctor' first")
@@ -62,8 +62,31 @@ def check_spares(args: argparse.Namespace, plan: Plan) -> None:
                             "drop one of them: the spares exit 0 once the screen has chosen the nodes")
 
 
-def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Options) -> Plan | None:  # type: ignore[no-untyped-def]
-    """--spare-nodes: this node's plan on the nodes kept, or None (said) on a spare."""
+def per_task(args: argparse.Namespace, plan: Plan, options: Options) -> Plan | None:
+    """Per task (the launcher started every rank): each node's first rank screens for its node,
+    the node's other ranks wait for node 0's verdict; then, with --spare-nodes, every rank's plan
+    on the nodes kept, or None for a spare's ranks (its first rank said why)."""
+    from ..guard import screen as screening
+
+    first = plan.workers[0].env.get("HPCTORCH_LOCAL_TASK_RANK", str(plan.workers[0].local_rank)) == "0"
+    prefix = f"hpctorch/{plan.run_id}/screen/"
+    store = screening.connect(plan, plan.rdzv_timeout, serve=plan.is_master and first)
+    try:
+        if first:
+            outcome = screening.run(plan, store, args.screen_threshold, _uses_gpus(plan), prefix, plan.rdzv_timeout,
+                                    spares=args.spare_nodes, listeners=plan.world_size - plan.nnodes)
+        else:
+            outcome = screening.verdict(plan, store, prefix, plan.rdzv_timeout + screening.BUDGET_S + screening.VERDICT_AFTER_S)
+    finally:
+        del store  # node 0's store leaves the master port to rank 0's own
+    screening.report(plan, outcome, args.screen_threshold, args.screen or "warn", os.environ, speaks=first)
+    return without_spares(args, plan, outcome, options, speaks=first) if args.spare_nodes else plan
+
+
+def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Options,  # type: ignore[no-untyped-def]
+                   speaks: bool = True) -> Plan | None:
+    """--spare-nodes: this process's plan on the nodes kept, or None on a spare (said once per
+    node, by the process that ``speaks`` for it)."""
     from ..guard.screen import host_of
     from ..plan.discover import plan_keeping
 
@@ -74,11 +97,12 @@ def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Opti
     if plan.node_rank in screened.spares:
         why = "; ".join(f["detail"] if f["measure"] == "screen" else f"{f['measure']} {f['detail']}"
                         for f in screened.findings if f["node"] == plan.node_rank)
-        print(f"hpctorch: {names[plan.node_rank]} sits out as a spare ({why or 'the slowest of the nodes screened'})", file=sys.stderr, flush=True)
+        if speaks:
+            print(f"hpctorch: {names[plan.node_rank]} sits out as a spare ({why or 'the slowest of the nodes screened'})", file=sys.stderr, flush=True)
         return None
     kept = [n for n in range(plan.nnodes) if n not in screened.spares]
     narrowed = plan_keeping(options, os.environ, kept, screened.master, plan.master_port)
-    if narrowed.node_rank == 0 and not args.quiet:
+    if narrowed.node_rank == 0 and speaks and not args.quiet:
         print(f"hpctorch: running on {len(kept)} of {plan.nnodes} nodes ({hostlist.display(tuple(names[n] for n in kept))}), "
               f"world size {narrowed.world_size}, master {narrowed.master_addr}; spare: {', '.join(names[n] for n in screened.spares)}",
               file=sys.stderr, flush=True)

@@ -174,10 +174,11 @@ def unmeasured(records: Mapping[int, Mapping[str, Any]]) -> list[str]:
 
 
 def ranking(records: Mapping[int, Mapping[str, Any]], findings: list[Finding], nnodes: int) -> list[int]:
-    """Every node from worst to best: the most findings first (a missing record counts), then the
-    lowest figure relative to its median, over every measure (a latency inverted)."""
+    """Every node from worst to best: the most findings first, a node that sent no record before
+    any that did, then the lowest figure relative to its median, over every measure (a latency
+    inverted)."""
     into = incoming(records)
-    worst: dict[int, float] = {n: 1.0 for n in range(nnodes)}
+    worst: dict[int, float] = {n: 1.0 if n in records else -1.0 for n in range(nnodes)}  # a node that sent nothing is the worst
     for _measure, read, _key, lower_better in MEASURES:
         values = {n: (v[0] if isinstance(v, tuple) else v) for n in records if (v := read(records, n, into)) is not None}
         if len(values) < 2:

@@ -74,11 +74,12 @@ class Screened:
                 "figures": {str(n): r for n, r in sorted(self.records.items())}}
 
 
-def connect(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
-    """The master's store: served by node 0, reached by every other node within ``timeout_s``."""
+def connect(plan: Plan, timeout_s: float, serve: bool | None = None):  # type: ignore[no-untyped-def]
+    """The master's store: served by node 0 (or where ``serve`` says), reached by every other
+    process within ``timeout_s``."""
     from .agreement import open_store
 
-    if plan.is_master:
+    if plan.is_master if serve is None else serve:
         try:
             return open_store(plan, timeout_s)
         except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
@@ -90,7 +91,7 @@ def connect(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
         # A plain connect first: torch's store client logs a C++ trace for every refusal.
         if network.connect(plan.master_addr or "", plan.master_port, min(2.0, max(0.1, deadline - time.monotonic())))["ok"]:
             try:
-                return open_store(plan, max(1.0, deadline - time.monotonic()))
+                return open_store(plan, max(1.0, deadline - time.monotonic()), serve=False)
             except Exception:  # noqa: BLE001 - not up yet, or gone again
                 pass
         time.sleep(pause)
@@ -101,21 +102,23 @@ def connect(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
 
 def run(plan: Plan, store, threshold: float, use_gpus: bool, prefix: str, wait_s: float,  # type: ignore[no-untyped-def]
         budget_s: float = BUDGET_S, local: Callable[[bool], dict[str, Any]] = measure.this_node, ring: bool = True,
-        spares: int = 0) -> Screened:
+        spares: int = 0, listeners: int = 0) -> Screened:
     """This node's part of the screen, on ``store`` under ``prefix``; the outcome for all.
 
     ``wait_s`` bounds the wait for the other nodes to arrive (the rendezvous timeout); from the
     last arrival on, everything ends within ``budget_s``. ``local`` measures this node; without
     ``ring`` no link is measured (the benchmark's simulated nodes share one machine). With
-    ``spares``, node 0 also chooses that many nodes to sit out, the worst first.
+    ``spares``, node 0 also chooses that many nodes to sit out, the worst first. ``listeners``:
+    the processes beside the nodes' own that read the verdict (``verdict``; per task, a node's
+    other ranks), which node 0's store waits for too.
     """
     started = time.monotonic()
     try:
-        record, go = _measure(plan, store, prefix, lambda: local(use_gpus), ring and plan.nnodes > 1, started + wait_s, budget_s)
+        record, go = _measure(plan, store, prefix, lambda: local(use_gpus), ring and plan.nnodes > 1, started + wait_s, budget_s, listeners)
         store.set(f"{prefix}record/{plan.node_rank}", json.dumps(record))
         store.append(prefix + "arrived", f"{plan.node_rank},")
         if plan.is_master:
-            return _judge(plan, store, prefix, threshold, started, go, go + budget_s, record, spares)
+            return _judge(plan, store, prefix, threshold, started, go, go + budget_s, record, spares, listeners)
         return _verdict(plan, store, prefix, started, go + budget_s + VERDICT_AFTER_S)
     except (RuntimeError, ValueError) as exc:  # torch's store errors (DistError is a RuntimeError)
         if plan.is_master:
@@ -128,7 +131,7 @@ def run(plan: Plan, store, threshold: float, use_gpus: bool, prefix: str, wait_s
 
 
 def _measure(plan: Plan, store, prefix: str, local: Callable[[], dict[str, Any]], ring: bool,  # type: ignore[no-untyped-def]
-             arrive_by: float, budget_s: float) -> tuple[dict[str, Any], float]:
+             arrive_by: float, budget_s: float, listeners: int) -> tuple[dict[str, Any], float]:
     """This node's record, and when the nodes set off together (time.monotonic)."""
     me = plan.node_rank
     record: dict[str, Any] = {"node": me, "host": socket.gethostname(), "addr": plan.local_addr}
@@ -137,7 +140,7 @@ def _measure(plan: Plan, store, prefix: str, local: Callable[[], dict[str, Any]]
         if listener is not None:
             store.set(f"{prefix}addr/{me}", listener.address)
         store.add(prefix + "here", 1)
-        _start_together(plan, store, prefix, arrive_by)
+        _start_together(plan, store, prefix, arrive_by, listeners)
         # From here every node runs on the same clock: the measures, then collecting and judging.
         go = time.monotonic()
         until = go + budget_s * 0.6
@@ -158,12 +161,14 @@ def _measure(plan: Plan, store, prefix: str, local: Callable[[], dict[str, Any]]
     return record, go
 
 
-def _start_together(plan: Plan, store, prefix: str, until: float) -> None:  # type: ignore[no-untyped-def]
-    """Node 0 says go once every node arrived (or the rendezvous timeout passed); the others wait
-    for that word, one blocking request each."""
+def _start_together(plan: Plan, store, prefix: str, until: float, listeners: int) -> None:  # type: ignore[no-untyped-def]
+    """Node 0 says go once every node and every listener arrived (or the rendezvous timeout
+    passed): a listener that came after the verdict would find node 0's store gone. The others
+    wait for that word, one blocking request each."""
     if plan.is_master:
         pause = POLL_S
-        while store.add(prefix + "here", 0) < plan.nnodes and time.monotonic() < until:
+        while (store.add(prefix + "here", 0) < plan.nnodes or (listeners and store.add(prefix + "listening", 0) < listeners)) \
+                and time.monotonic() < until:
             time.sleep(pause)
             pause = min(pause * 1.5, POLL_MAX_S)
         store.set(prefix + "go", "1")
@@ -185,7 +190,7 @@ def _probe_successor(plan: Plan, store, prefix: str, until: float) -> dict[str, 
 
 
 def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, go: float, until: float,  # type: ignore[no-untyped-def]
-           mine: dict[str, Any], spares: int) -> Screened:
+           mine: dict[str, Any], spares: int, listeners: int) -> Screened:
     records: dict[int, dict[str, Any]] = {plan.node_rank: mine}
     pause = POLL_S
     while len(records) < plan.nnodes and time.monotonic() < until:
@@ -208,9 +213,19 @@ def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, go:
     store.set(prefix + "verdict", json.dumps({"findings": findings, "unmeasured": outcome.unmeasured, "seconds": outcome.seconds,
                                               "spares": outcome.spares, "master": outcome.master}))
     end = time.monotonic() + ACK_S  # node 0's store must outlive the others' reading of the verdict
-    while store.add(prefix + "read", 0) < len(records) - 1 and time.monotonic() < end:
+    while store.add(prefix + "read", 0) < len(records) - 1 + listeners and time.monotonic() < end:
         time.sleep(POLL_S)
     return outcome
+
+
+def verdict(plan: Plan, store, prefix: str, wait_s: float) -> Screened:  # type: ignore[no-untyped-def]
+    """Node 0's verdict for a process that does not screen (per task, a node's other ranks)."""
+    started = time.monotonic()
+    try:
+        store.add(prefix + "listening", 1)
+    except (RuntimeError, ValueError):
+        pass  # node 0's store is gone already: said below
+    return _verdict(plan, store, prefix, started, started + wait_s)
 
 
 def _verdict(plan: Plan, store, prefix: str, started: float, until: float) -> Screened:  # type: ignore[no-untyped-def]
@@ -225,10 +240,12 @@ def _verdict(plan: Plan, store, prefix: str, started: float, until: float) -> Sc
     return Screened(said["findings"], said["unmeasured"], float(said["seconds"]), spares=said.get("spares", []), master=said.get("master"))
 
 
-def report(plan: Plan, outcome: Screened, threshold: float, action: str, env: Mapping[str, str]) -> None:
-    """Node 0 says the findings and puts the bad nodes on the user's list; with ``fail`` and a
-    bad node that is not a spare, every node stops here (EXIT_BAD_NODES)."""
-    if plan.is_master:
+def report(plan: Plan, outcome: Screened, threshold: float, action: str, env: Mapping[str, str], speaks: bool = True) -> None:
+    """Node 0 (its one process that ``speaks``) says the findings and puts the bad nodes on the
+    user's list; with ``fail`` and a bad node that is not a spare, every process stops here
+    (EXIT_BAD_NODES)."""
+    speaks = speaks and plan.is_master
+    if speaks:
         print(printable("\n".join(outcome.lines(plan.nnodes, threshold))), file=sys.stderr, flush=True)
         if outcome.bad_nodes and plan.nnodes > 1:
             from ..host import badnodes
@@ -242,7 +259,7 @@ def report(plan: Plan, outcome: Screened, threshold: float, action: str, env: Ma
                     print(f"hpctorch: screen: could not add {name} to the bad-node list: {exc}", file=sys.stderr, flush=True)
     kept_bad = [n for n in outcome.bad_nodes if n not in outcome.spares]
     if action == "fail" and kept_bad:
-        if not plan.is_master:
+        if not speaks:
             raise HpctorchError("", exit_code=EXIT_BAD_NODES)  # node 0 says it, once for the job
         named = ", ".join(host_of(outcome, n) for n in kept_bad)
         raise HpctorchError(f"the screen judged {len(kept_bad)} node(s) bad ({named}); no worker was started",

@@ -97,7 +97,7 @@ def plan_keeping(options: Options, env: Mapping[str, str], kept: Sequence[int], 
     """This node's plan for the job on the nodes ``kept`` alone (``--spare-nodes``, after the
     screen): renumbered in their order, the first one the master, on the port already chosen."""
     allocation, facts = _allocation(options, env)
-    if allocation.launched is not Launched.NODES or allocation.node_rank is None:
+    if allocation.launched not in (Launched.NODES, Launched.RANKS) or allocation.node_rank is None:
         raise HpctorchError(f"--spare-nodes needs one hpctorch per node, started by a launcher that numbers the nodes, and {allocation.scheduler} "
                             "did not", "start one hpctorch per node (srun --ntasks-per-node=1, mpirun --map-by ppr:1:node), or drop --spare-nodes")
     mine = list(kept).index(allocation.node_rank)

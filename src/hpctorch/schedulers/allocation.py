@@ -108,9 +108,11 @@ class Allocation:
         def subset(values: tuple[int, ...] | None) -> tuple[int, ...] | None:
             return tuple(values[n] for n in kept) if values else values
 
+        mine = list(kept).index(self.node_rank)
+        before = sum(self.tasks_per_node[n] for n in kept[:mine])  # the ranks of the kept nodes ahead of this one
         return replace(self, nodes=tuple(self.nodes[n] for n in kept) if self.nodes else (), tasks_per_node=subset(self.tasks_per_node),
-                       cpus_per_node=subset(self.cpus_per_node) or (), slots_per_node=subset(self.slots_per_node),
-                       node_rank=list(kept).index(self.node_rank), master_addr=master_addr,
+                       cpus_per_node=subset(self.cpus_per_node) or (), slots_per_node=subset(self.slots_per_node), node_rank=mine,
+                       task_rank=None if self.task_rank is None else before + (self.local_task_rank or 0), master_addr=master_addr,
                        sources={**self.sources, "master_addr": "the first node kept after the screen (--spare-nodes)"})
 
     def relaunch_command(self, tasks: int | None = None, gpus: bool = False) -> tuple[str, ...]:
