@@ -22,8 +22,6 @@ MATRIX_GPU = 4096
 MEMORY_BYTES = 32 << 20
 FREE_SPACE_PATHS = ("/tmp", "/dev/shm")
 SYSFS_INFINIBAND = "/sys/class/infiniband"
-
-
 WINDOWS = 5
 """A rate is the best of this many short windows: what another process did to this node for a
 moment (a neighbour's burst) is not the node's speed, a throttle lasting the whole measure is."""
