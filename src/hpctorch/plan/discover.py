@@ -98,8 +98,8 @@ def plan_keeping(options: Options, env: Mapping[str, str], kept: Sequence[int], 
     screen): renumbered in their order, the first one the master, on the port already chosen."""
     allocation, facts = _allocation(options, env)
     if allocation.launched not in (Launched.NODES, Launched.RANKS) or allocation.node_rank is None:
-        raise HpctorchError(f"--spare-nodes needs one hpctorch per node, started by a launcher that numbers the nodes, and {allocation.scheduler} "
-                            "did not", "start one hpctorch per node (srun --ntasks-per-node=1, mpirun --map-by ppr:1:node), or drop --spare-nodes")
+        raise HpctorchError(f"--spare-nodes needs a launcher that numbers the nodes, and {allocation.scheduler} did not",
+                            "start the job with srun, mpirun or --hostfile (one hpctorch per node, or one per rank), or drop --spare-nodes")
     mine = list(kept).index(allocation.node_rank)
     narrowed = replace(options, master_addr=master_addr, master_port=master_port,
                        nnodes=len(kept) if options.nnodes is not None else None, node_rank=mine if options.node_rank is not None else None)
