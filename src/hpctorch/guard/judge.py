@@ -125,12 +125,11 @@ def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: floa
         return sorted(found, key=lambda f: f.node)  # processes sharing one machine (simulated nodes): no speed to compare
     into = incoming(records)
     for measure, read, key, lower_better in MEASURES:
-        values = {node: read(records, node, into) for node in records}
-        plain = {n: (v[0] if isinstance(v, tuple) else v) for n, v in values.items() if v is not None}
-        if len(plain) < 2:
+        figures = _figures(records, read, into)
+        if len(figures) < 2:
             continue
-        median = statistics.median(plain.values())
-        for node, value in sorted(plain.items()):
+        median = statistics.median(value for value, _ in figures.values())
+        for node, (value, words) in sorted(figures.items()):
             if lower_better:
                 bad = value > median / threshold and value - median > LATENCY_FLOOR_US
                 shortfall = 1 - median / value if value else 0.0
@@ -138,10 +137,21 @@ def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: floa
                 bad = value < threshold * median
                 shortfall = 1 - value / median if median else 0.0
             if bad:
-                shown = values[node][1] if isinstance(values[node], tuple) else _say(key, value)
-                found.append(Finding(node, _host(records, node), measure, f"{shown} (median {_say(key, median)})", round(shortfall, 3)))
+                found.append(Finding(node, _host(records, node), measure, f"{words or _say(key, value)} (median {_say(key, median)})",
+                                     round(shortfall, 3)))
     found += _infiniband(records)
     return sorted(found, key=lambda f: f.node)
+
+
+def _figures(records: Mapping[int, Mapping[str, Any]], read: Callable, into: Mapping[int, int]) -> dict[int, tuple[float, str | None]]:
+    """Every node's figure for one measure, with its words where the reader gives them (a node's
+    ring links); nodes without the figure left out."""
+    found = {}
+    for node in records:
+        value = read(records, node, into)
+        if value is not None:
+            found[node] = value if isinstance(value, tuple) else (value, None)
+    return found
 
 
 def medians(records: Mapping[int, Mapping[str, Any]]) -> str:
@@ -149,9 +159,9 @@ def medians(records: Mapping[int, Mapping[str, Any]]) -> str:
     said = []
     into = incoming(records)
     for measure, read, key, _lower in MEASURES:
-        values = [v[0] if isinstance(v, tuple) else v for v in (read(records, n, into) for n in records) if v is not None]
-        if values:
-            said.append(f"{measure} {_say(key, statistics.median(values))}")
+        figures = _figures(records, read, into)
+        if figures:
+            said.append(f"{measure} {_say(key, statistics.median(value for value, _ in figures.values()))}")
     return ", ".join(said)
 
 
@@ -180,11 +190,11 @@ def ranking(records: Mapping[int, Mapping[str, Any]], findings: list[Finding], n
     into = incoming(records)
     worst: dict[int, float] = {n: 1.0 if n in records else -1.0 for n in range(nnodes)}  # a node that sent nothing is the worst
     for _measure, read, _key, lower_better in MEASURES:
-        values = {n: (v[0] if isinstance(v, tuple) else v) for n in records if (v := read(records, n, into)) is not None}
-        if len(values) < 2:
+        figures = _figures(records, read, into)
+        if len(figures) < 2:
             continue
-        median = statistics.median(values.values())
-        for node, value in values.items():
+        median = statistics.median(value for value, _ in figures.values())
+        for node, (value, _words) in figures.items():
             ratio = (median / value if value else 0.0) if lower_better else (value / median if median else 1.0)
             worst[node] = min(worst[node], ratio)
     counts = {n: 0 for n in range(nnodes)}
