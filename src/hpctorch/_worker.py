@@ -12,6 +12,8 @@ execs any other command. Before that it
 - with HPCTORCH_FILE_STORE set (``--rdzv-backend file``), points env:// at that FileStore;
 - with HPCTORCH_AGREED set (several nodes started by hpctorch), checks that the nodes agree
   before ``init_process_group`` (``agreement_worker``);
+- with HPCTORCH_STRAGGLERS_DIR set (the straggler watch), times its collectives
+  (``straggler_worker``);
 - with HPCTORCH_STACKS_DIR set, has Python's faulthandler write every thread's stack to
   ``DIR/<pid>.stack`` on ``STACK_SIGNAL``: ``hpctorch stacks`` then works where ptrace (py-spy)
   is not allowed. The file exists only once the handler is in place, so a process is never
@@ -112,6 +114,10 @@ def main() -> None:
         from hpctorch.guard.agreement_worker import install as agree_first
 
         agree_first()
+    if os.environ.get("HPCTORCH_STRAGGLERS_DIR"):  # the straggler watch (on unless --stragglers off)
+        from hpctorch.guard.straggler_worker import install as time_collectives
+
+        time_collectives()
     if os.environ.get("HPCTORCH_FILE_STORE"):  # --rdzv-backend file
         from hpctorch.start.filestore import env_by_file
 

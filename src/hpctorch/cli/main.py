@@ -132,6 +132,18 @@ def _without_nproc(args: argparse.Namespace) -> list[str]:
     return [*kept, *theirs]
 
 
+def _stragglers(args: argparse.Namespace) -> None:
+    """--stragglers and --straggler-threshold, for the workers and the watchdog (through the
+    environment, as HPCTORCH_STRAGGLERS and HPCTORCH_STRAGGLER_THRESHOLD set them)."""
+    from ..guard.stragglers import MODE_ENV, THRESHOLD_ENV, Settings
+
+    if args.stragglers:
+        os.environ[MODE_ENV] = args.stragglers
+    if args.straggler_threshold is not None:
+        os.environ[THRESHOLD_ENV] = f"{args.straggler_threshold:g}"
+    Settings.from_env(os.environ)  # a bad value in the environment: one line now, not in every node's watchdog
+
+
 def _stall(args: argparse.Namespace) -> tuple[float, str] | None:
     if args.stall_timeout is None:
         return None
@@ -161,6 +173,7 @@ def _run(args: argparse.Namespace) -> int:
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
     local_ranks = _local_ranks(args)
     stall = _stall(args)
+    _stragglers(args)
     screening.check_args(args)
     if args.log_dir and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise HpctorchError(f"--log-dir {args.log_dir} is a file", "give --log-dir a folder (it is made if missing)")
@@ -183,6 +196,9 @@ def _run(args: argparse.Namespace) -> int:
             raise HpctorchError(f"--stall-timeout needs hpctorch's per-node agent, and this is a {plan.mode} run "
                                 f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
                                 "start one hpctorch per node (e.g. srun --ntasks-per-node=1), or run 'hpctorch stacks' on the nodes when the job hangs")
+        if args.stragglers == "warn":
+            print(f"hpctorch: --stragglers needs hpctorch's per-node agent, and this is a {plan.mode} run: the job runs without it",
+                  file=sys.stderr, flush=True)
         screening.check_per_task(args, plan)
         if args.screen or args.spare_nodes:
             kept = screening.per_task(args, plan, _options(args))

@@ -105,6 +105,10 @@ def parser(only: str | None = None) -> _Parser:
                          help="screen the nodes, then run on all but the K worst (renumbered; the spares exit 0)")
         run.add_argument("--screen-threshold", type=_fraction, default=0.5, metavar="F",
                          help="a node is bad below F times the job's median (default 0.5)")
+        run.add_argument("--stragglers", choices=("off", "warn"), default=None,
+                         help="while the job runs, node 0 names the rank or node the others wait for (default warn; HPCTORCH_STRAGGLERS)")
+        run.add_argument("--straggler-threshold", type=_fraction, default=None, metavar="F",
+                         help="named when the others spend F more of their time waiting inside collectives than it does (default 0.2)")
         run.add_argument("--timings", action="store_true", help="rank 0 prints where startup went, stage by stage, slowest node first")
         run.add_argument("script", help="training script (or module with -m)")
         run.add_argument("script_args", nargs=argparse.REMAINDER)

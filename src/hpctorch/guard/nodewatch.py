@@ -192,6 +192,8 @@ def main(argv: Sequence[str]) -> int:
     if message is not None and message.get("end") in ("finished", "quit"):
         return 0  # over before there was anything to watch
     from .agreement import open_store
+    from .straggler_worker import DIR_ENV
+    from .stragglers import for_node
     from .watchdog import JobWatchdog, StallWatch, logged_bytes
 
     try:
@@ -205,7 +207,8 @@ def main(argv: Sequence[str]) -> int:
     # The workers' captured output (supervisor._Output writes <root>/<local rank>/*.log).
     watch = StallWatch(stall[0], stall[1] == "kill", lambda: logged_bytes(logs)) if stall else None
     watchdog = JobWatchdog(plan, plan.rdzv_timeout, on_abort=lambda reason: _send(abort=reason), startup_s=startup_s,
-                           stacks=stacks, stall=watch, endpoint=(plan.master_addr or "", plan.watch_port), all_up=_seen(result))
+                           stacks=stacks, stall=watch, endpoint=(plan.master_addr or "", plan.watch_port), all_up=_seen(result),
+                           stragglers=for_node(plan, os.environ.get(DIR_ENV), os.environ))
     watchdog.start()
     threading.Thread(target=lambda: watchdog.connected.wait() and _send(connected=True), daemon=True).start()
     while message is None or "end" not in message:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..plan.types import Plan
 from ..schedulers import hostlist
+from .stragglers import per_rank, table
 
 
 @dataclass(frozen=True)
@@ -21,14 +22,22 @@ class Summary:
     """Seconds from each node's hpctorch start to its workers' start."""
     logs: str | None = None
     failure: str | None = None
+    ranks: tuple[dict, ...] = ()
+    """Per rank, its share of the run inside collectives (the straggler watch), by rank."""
 
     @classmethod
     def of(cls, plan: Plan, exit_code: int, wall_s: float, final: Mapping[str, Mapping[int, object]],
            logs: str | None, failure: str | None) -> "Summary":
         names = plan.nodes or tuple(f"node {n}" for n in range(plan.nnodes))
         done = final.get("done") or ({0: exit_code == 0} if plan.nnodes == 1 else {})
+        ranks = per_rank(final.get("stragglers") or {}, plan)  # type: ignore[arg-type]
         return cls(exit_code, wall_s, tuple(names), tuple(n for n, ok in sorted(done.items()) if ok),
-                   {int(n): float(s) for n, s in (final.get("start_s") or {}).items()}, logs, failure)  # type: ignore[arg-type]
+                   {int(n): float(s) for n, s in (final.get("start_s") or {}).items()}, logs, failure,  # type: ignore[arg-type]
+                   tuple(ranks))
+
+    def lines(self) -> list[str]:
+        """The closing line, then the per-rank table of time inside collectives where measured."""
+        return [self.line(), *table(self.ranks)]
 
     def line(self) -> str:
         if self.exit_code == 0:
@@ -53,6 +62,7 @@ class Summary:
         data = asdict(self)
         data["start_s"] = {self.nodes[n]: s for n, s in self.start_s.items()}
         data["succeeded"] = [self.nodes[n] for n in self.succeeded]
+        data["ranks"] = list(self.ranks)
         with open(path, "w", encoding="utf-8") as out:
             json.dump(data, out, indent=2)
             out.write("\n")

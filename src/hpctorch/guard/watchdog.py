@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from ..plan.types import Plan
 from ..terminal import printable
+from .stragglers import Watch
 
 POLL_S = 0.5
 BEAT_EVERY = 4
@@ -75,11 +76,13 @@ class StallWatch:
 class JobWatchdog:
     def __init__(self, plan: Plan, connect_timeout_s: float, on_abort: Callable[[str], None] | None = None,
                  startup_s: float | None = None, stacks=None, stall: StallWatch | None = None,  # type: ignore[no-untyped-def]
-                 endpoint: tuple[str, int] | None = None, all_up: Callable[[], float | None] | None = None) -> None:
+                 endpoint: tuple[str, int] | None = None, all_up: Callable[[], float | None] | None = None,
+                 stragglers: "Watch | None" = None) -> None:
         """``on_abort(reason)`` stops this node's workers; by default SIGTERM to this
         process, which the torch agent turns into stopping its workers. ``endpoint``: the
         store watched, when not the master's (``nodewatch``). ``all_up()``: when (monotonic) every
-        node was known to be running, if it was, from which a node never heard from is named."""
+        node was known to be running, if it was, from which a node never heard from is named.
+        ``stragglers``: this node's side of the straggler watch, stepped in a thread of its own."""
         self.all_up = all_up
         self.plan = plan
         self.endpoint = endpoint or (plan.master_addr or "", plan.master_port)
@@ -109,6 +112,8 @@ class JobWatchdog:
         self.teardown_lines: list[str] = []
         """Node 0, after an abort: the grouped stacks every node took at teardown."""
         self._outs = [f"{self.prefix}out/{n}" for n in range(plan.nnodes)] if plan.is_master else []
+        self.stragglers = stragglers
+        self._straggle = threading.Thread(target=self._straggle_loop, name="hpctorch-stragglers", daemon=True)
         self._output = -1
         self._wanted = 0
 
@@ -148,7 +153,7 @@ class JobWatchdog:
         # Join before the last write and before this process exits: a daemon thread
         # left inside a C++ store call at interpreter shutdown aborts the process.
         self._stop.set()
-        for thread in (self._thread, self._side):
+        for thread in (self._thread, self._side, self._straggle):
             if thread.is_alive():
                 thread.join(timeout=STORE_TIMEOUT_S + POLL_S + 1)
         store, self._store = self._store, None
@@ -159,12 +164,16 @@ class JobWatchdog:
                 self._set_abort(store, value)
                 self._ack(store)
             elif key is not None:
+                if self.stragglers is not None and value == DONE.decode():
+                    self.stragglers.publish_final(store)  # before "done": node 0 reads every node's once all are done
                 store.set(key, value)
                 if value == DONE.decode() and self.plan.is_master:
                     store.add(self._state_key, FINISHED)
             if self.plan.is_master:
                 self._linger(store)
                 self.final = self._read_final(store)
+                if self.stragglers is not None:
+                    self.final["stragglers"] = self.stragglers.collect_final(store) if self.final.get("done") else {}
                 if self.stacks is not None and self.stacks.teardown is not None and store.check([self.prefix + "abort"]):
                     self.teardown_lines = self.stacks.teardown_summary(store, COLLECT_S)
                     store.set(self._collected_key, "1")
@@ -243,6 +252,12 @@ class JobWatchdog:
             except Exception:  # noqa: BLE001 - only the closing summary misses it
                 pass
         judge = Judge(self.plan, self.stall, self.all_up) if self.plan.is_master else None
+        if self.stragglers is not None:
+            try:
+                self.stragglers.announce(store)  # before this node's first beat
+                self._straggle.start()
+            except Exception:  # noqa: BLE001 - the loop below reports a store that is gone
+                pass
         if self.stall is not None:
             try:
                 store.add(f"{self.prefix}out/{self.plan.node_rank}", 0)  # exists before this node's first beat
@@ -289,6 +304,18 @@ class JobWatchdog:
                 return
             try:
                 self._watch_output(store)
+            except Exception:  # noqa: BLE001 - the beating thread reports a store that is gone
+                if self._stop.is_set():
+                    return
+
+    def _straggle_loop(self) -> None:
+        assert self.stragglers is not None
+        while not self._stop.wait(self.stragglers.settings.publish_s):
+            store = self._store
+            if store is None:
+                return
+            try:
+                self.stragglers.step(store, time.monotonic())
             except Exception:  # noqa: BLE001 - the beating thread reports a store that is gone
                 if self._stop.is_set():
                     return

@@ -148,6 +148,20 @@ def faulthandler_dir() -> str:
 
 
 
+def stragglers_dir(run_id: str, node_rank: int) -> str:
+    """Where a node's workers leave their time inside collectives for its watchdog
+    (``HPCTORCH_STRAGGLERS_DIR``): node-local memory, one folder per run and node (the nodes of a
+    one-machine test share the machine), created here; other runs' folders older than a day are
+    swept."""
+    parent = private_dir(os.path.join(private_dir(node_dir()), "stragglers"))
+    sweep(parent, ("",), 86400.0)
+    return private_dir(os.path.join(parent, f"{_safe(run_id)}-{node_rank}"))
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100] or "run"
+
+
 def _user() -> str:
     return str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
 

@@ -22,6 +22,7 @@ from .workers import (
     process_start,
     requeue_if_preempted,
     stacks_env,
+    stragglers_env,
     worker_command,
 )
 
@@ -148,6 +149,7 @@ def run_per_node(
     assert plan.master_addr is not None, "the exchange runs before the final plan"
     os.environ.update(plan.common_env)
     stacks_env(os.environ)  # type: ignore[arg-type]
+    straggle_dir = stragglers_env(os.environ, plan)  # type: ignore[arg-type]
     _file_store_env(plan, os.environ)  # type: ignore[arg-type]
     specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)
     config = _launch_config(plan, specs, prefix)
@@ -194,8 +196,12 @@ def run_per_node(
     def restarting() -> None:
         stacks.tearing_down = False
 
+    from ..guard.stragglers import Alone, for_node
+
+    straggle = for_node(plan, straggle_dir, os.environ)
     watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, on_abort=stop_workers, startup_s=time.time() - started,
-                           stacks=stacks, stall=watch)
+                           stacks=stacks, stall=watch, stragglers=straggle if plan.nnodes > 1 else None)
+    alone = Alone(straggle).start() if straggle is not None and plan.nnodes == 1 else None
     install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=restarting if plan.max_restarts else lambda: None)
     if plan.watched:
         watchdog.start()
@@ -234,6 +240,11 @@ def run_per_node(
     else:
         watchdog.finished()
         requeue_if_preempted(plan, preempted, requeue)
+    finally:
+        if alone is not None:
+            watchdog.final.update(alone.stop())  # type: ignore[arg-type]
+        if straggle_dir:
+            shutil.rmtree(straggle_dir, ignore_errors=True)
     if plan.is_master and failure is not None and stacks.teardown is not None and not quiet:
         lines = watchdog.teardown_lines or stacks.teardown_summary()
         if lines:
@@ -248,7 +259,7 @@ def run_per_node(
         summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, watchdog.final,
                              logs, failure.line if failure else None)
         if not quiet:
-            print(summary.line(), file=sys.stderr, flush=True)
+            print("\n".join(summary.lines()), file=sys.stderr, flush=True)
         if summary_json:
             summary.write_json(summary_json)
     if failure is not None:

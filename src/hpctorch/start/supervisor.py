@@ -44,6 +44,7 @@ from .workers import (
     signal_groups,
     signal_processes,
     stacks_env,
+    stragglers_env,
     worker_command,
 )
 
@@ -181,8 +182,10 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     started = process_start()
     os.environ.update(plan.common_env)
     stacks_env(os.environ)  # type: ignore[arg-type]
+    straggle_dir = stragglers_env(os.environ, plan)  # type: ignore[arg-type]
     held, port = _reserve(plan.master_addr or "127.0.0.1", plan.master_port)
     several = plan.nnodes > 1
+    alone = None
     watch_held = _hold_watch_port(plan) if several and plan.is_master else None
     from .. import timings
 
@@ -222,7 +225,11 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
             from ..guard.nodewatch import Helper
 
             helper = Helper(root, files[0], time.time() - started, stall)  # type: ignore[index]
+        else:
+            alone = _watch_alone(plan, straggle_dir)
         failure, final = _wait(plan, workers, _exit_times(workers), received, root, helper, files[2] if files else "")
+        if alone is not None:
+            final = {**final, **alone.stop()}
     except (OSError, HpctorchError) as exc:
         # Reported as what it is (the CLI prints an OSError's cause and path), and the other nodes
         # are told: this node's workers are stopped, and theirs must not wait for them.
@@ -239,6 +246,8 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
                 socket_held.close()
         if files is not None:
             shutil.rmtree(files[0], ignore_errors=True)
+        if straggle_dir:
+            shutil.rmtree(straggle_dir, ignore_errors=True)
     output.drain()
     requeue_if_preempted(plan, preempted, requeue)
     logs: str | None = os.path.dirname(root)
@@ -251,7 +260,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, final, logs,
                              failure.line if failure else None)
         if not quiet:
-            print(summary.line(), file=sys.stderr, flush=True)
+            print("\n".join(summary.lines()), file=sys.stderr, flush=True)
         if summary_json:
             summary.write_json(summary_json)
     if failure is not None:
@@ -278,6 +287,14 @@ def _exit_times(workers: Sequence[subprocess.Popen]) -> list[_ExitClock]:
     for clock in clocks:
         clock.start()
     return clocks
+
+
+def _watch_alone(plan: Plan, directory: str | None):  # type: ignore[no-untyped-def]
+    """A one-node job's straggler watch (several nodes: the watchdog's helper runs it)."""
+    from ..guard.stragglers import Alone, for_node
+
+    watch = for_node(plan, directory, os.environ)
+    return Alone(watch).start() if watch is not None else None
 
 
 def _wait(plan: Plan, workers: Sequence[subprocess.Popen], exits: Sequence[_ExitClock], received: list[int], root: str,  # type: ignore[no-untyped-def]

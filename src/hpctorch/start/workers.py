@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from ..errors import HpctorchError
 from ..plan.types import Plan, is_python
 
 STOP_GRACE_S = 3
@@ -46,6 +47,26 @@ def stacks_env(env: dict[str, str]) -> None:
         env.setdefault("HPCTORCH_STACKS_DIR", faulthandler_dir())
     except OSError:
         pass  # no fallback for hpctorch stacks; py-spy still works
+
+
+def stragglers_env(env: dict[str, str], plan: Plan) -> str | None:
+    """The folder where this node's workers leave their time inside collectives
+    (``straggler_worker``), in ``env``; None when the watch is off or the folder unsafe."""
+    from ..guard.straggler_worker import DIR_ENV
+    from ..guard.stragglers import Settings
+
+    if Settings.from_env(env) is None:
+        env.pop(DIR_ENV, None)
+        return None
+    from ..host.folders import stragglers_dir
+
+    try:
+        env[DIR_ENV] = stragglers_dir(plan.run_id, plan.node_rank)
+    except (OSError, HpctorchError) as exc:
+        print(f"hpctorch: no straggler watch on this node: {exc.line() if isinstance(exc, HpctorchError) else exc}", file=sys.stderr)
+        env.pop(DIR_ENV, None)
+        return None
+    return env[DIR_ENV]
 
 
 def node_host(plan: Plan) -> str:

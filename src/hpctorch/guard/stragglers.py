@@ -1,0 +1,323 @@
+"""The straggler watch (``--stragglers``, on by default): node 0 names the rank, or the node,
+that makes everyone wait, while the job runs.
+
+Each worker keeps its running time inside collectives in a file of the node's private folder
+(``straggler_worker``). Every ``PUBLISH_S`` each node's watchdog turns its ranks' files into the
+share of the last ``window_s`` each rank spent inside collectives, and sets that as one small
+record, ``hpctorch/<run id>/straggle/<node>``: one request per node per 10 s, whatever N. Node 0
+reads all records in one ``multi_get`` and judges (``judge``, pure): a rank that spends at least
+``threshold`` (default 0.2) less of its time inside collectives than the job's median is the one
+the others wait for. Node 0 prints one line per straggler, again at most every ``REPEAT_S``
+while it lasts, and adds a straggling node of a several-node job to the user's bad-node list. At
+the end every node's running totals make the closing summary's per-rank table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import HpctorchError
+from ..plan.types import Plan
+
+MODE_ENV, THRESHOLD_ENV, WINDOW_ENV = "HPCTORCH_STRAGGLERS", "HPCTORCH_STRAGGLER_THRESHOLD", "HPCTORCH_STRAGGLER_WINDOW_S"
+DEFAULT_THRESHOLD = 0.2
+DEFAULT_WINDOW_S = 30.0
+PUBLISH_S = 10.0
+REPEAT_S = 300.0
+MIN_COLLECTIVES = 3
+"""Collectives a rank must have finished in a window to be judged (a rank that only started)."""
+SHOWN_RANKS = 16
+
+
+@dataclass(frozen=True)
+class Settings:
+    threshold: float = DEFAULT_THRESHOLD
+    window_s: float = DEFAULT_WINDOW_S
+
+    @property
+    def publish_s(self) -> float:
+        """How often a node sends its record (three times a window, at most every ``PUBLISH_S``)."""
+        return min(PUBLISH_S, self.window_s / 3)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "Settings | None":
+        """None when the watch is off (``--stragglers off``); HpctorchError for a value that is not one."""
+        mode = env.get(MODE_ENV) or "warn"
+        if mode not in ("off", "warn"):
+            raise HpctorchError(f"{MODE_ENV}={mode} is neither off nor warn", f"set {MODE_ENV}=off or warn, or unset it")
+        if mode == "off":
+            return None
+        threshold, window = _number(env, THRESHOLD_ENV, DEFAULT_THRESHOLD), _number(env, WINDOW_ENV, DEFAULT_WINDOW_S)
+        if not 0 < threshold < 1:
+            raise HpctorchError(f"{THRESHOLD_ENV}={threshold:g} is not a fraction between 0 and 1", "give e.g. 0.2")
+        if window < 1:
+            raise HpctorchError(f"{WINDOW_ENV}={window:g} is shorter than a second", "give the window in seconds, e.g. 30")
+        return cls(threshold, window)
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        return float(env.get(name) or default)
+    except ValueError:
+        raise HpctorchError(f"{name}={env.get(name)} is not a number", f"give a number, or unset {name}") from None
+
+
+@dataclass(frozen=True)
+class Straggler:
+    ranks: tuple[int, ...]
+    node: str
+    compute_ratio: float
+    """The straggler's time outside collectives over the median rank's."""
+    others_wait: float
+    """The share of the others' time spent waiting for it: the median share inside collectives minus its own."""
+    whole_node: bool
+
+    @property
+    def key(self) -> str:
+        return self.node if self.whole_node else f"rank {self.ranks[0]}"
+
+    def line(self) -> str:
+        who = (f"node {self.node} (ranks {_ranks(self.ranks)})" if self.whole_node else f"rank {self.ranks[0]} ({self.node})")
+        return (f"hpctorch: straggler: {who} computes {self.compute_ratio:.1f}x the median step "
+                f"(others wait {self.others_wait:.0%} of each step for it)")
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if list(ranks) == list(range(ranks[0], ranks[-1] + 1)) else ",".join(map(str, ranks))
+
+
+def node_name(plan: Plan, node: int) -> str:
+    return plan.nodes[node] if plan.nodes and node < len(plan.nodes) else f"node {node}"
+
+
+def judge(shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan, threshold: float) -> list[Straggler]:
+    """``shares[node][rank] = (share of the window inside collectives, collectives)``. A rank
+    whose share is at least ``threshold`` below the median is a straggler, when it ran about as
+    many collectives as the median rank (else it is doing other work, not comparable) and fewer
+    than half the ranks are: the median must be the waiting majority's."""
+    measured = [(node, int(rank), float(v[0]), float(v[1])) for node, ranks in shares.items() for rank, v in ranks.items()]
+    if len(measured) < 2:
+        return []
+    median = statistics.median(share for *_, share, _n in measured)
+    usual = statistics.median(count for *_, count in measured)
+    slow = [(node, rank, share) for node, rank, share, count in measured
+            if count >= max(MIN_COLLECTIVES, usual / 2) and median - share >= threshold]
+    if not slow or len(slow) * 2 >= len(measured):
+        return []
+    found = []
+    for node in sorted({node for node, *_ in slow}):
+        mine = sorted((rank, share) for n, rank, share in slow if n == node)
+        whole = len(mine) > 1 and len(mine) == len(shares[node])
+        for group in [mine] if whole else [[one] for one in mine]:
+            share = min(s for _r, s in group)
+            ratio = (1.0 - share) / max(1.0 - median, 0.01)
+            found.append(Straggler(tuple(rank for rank, _s in group), node_name(plan, node), ratio, median - share, whole))
+    return found
+
+
+class NodeWindow:
+    """This node's ranks' files, turned into each rank's share of the last ``window_s`` inside
+    collectives, and the running totals."""
+
+    def __init__(self, directory: str, window_s: float) -> None:
+        self.directory = directory
+        self.window_s = window_s
+        self.history: dict[int, deque[tuple[float, float, float]]] = {}
+        """Per local rank (its file), the samples of about the last window."""
+        self.first: dict[int, tuple[float, float, float]] = {}
+        self.rank: dict[int, int] = {}
+
+    def read(self) -> None:
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return
+        for name in names:
+            local = name.removesuffix(".json")
+            if not (name.endswith(".json") and local.isdigit()):
+                continue
+            try:
+                with open(os.path.join(self.directory, name), encoding="utf-8") as source:
+                    data = json.load(source)
+                sample = (float(data["t"]), float(data["inside_s"]), float(data["count"]))
+                rank = int(data["rank"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being replaced, or not ours to understand
+            seen = self.history.setdefault(int(local), deque())
+            if seen and (sample[2] < seen[-1][2] or rank != self.rank.get(int(local))):
+                seen.clear()  # a restarted worker counts from zero
+                self.first.pop(int(local), None)
+            if not seen or sample[0] > seen[-1][0]:
+                seen.append(sample)
+                self.first.setdefault(int(local), sample)
+                self.rank[int(local)] = rank
+            while len(seen) > 2 and seen[1][0] <= sample[0] - self.window_s:
+                seen.popleft()  # keep one sample at least a window old
+
+    def shares(self) -> dict[int, list[float]]:
+        """Per rank: [share inside collectives, collectives], over about the last window."""
+        out = {}
+        for local, seen in self.history.items():
+            (t0, in0, n0), (t1, in1, n1) = seen[0], seen[-1]
+            if t1 - t0 >= self.window_s / 2:
+                out[self.rank[local]] = [round(min(1.0, (in1 - in0) / (t1 - t0)), 4), n1 - n0]
+        return out
+
+    def totals(self) -> dict[int, list[float]]:
+        """Per rank: [seconds inside collectives, seconds measured, collectives], since its first file."""
+        out = {}
+        for local, seen in self.history.items():
+            if seen:
+                (t0, in0, n0), (t1, in1, n1) = self.first[local], seen[-1]
+                out[self.rank[local]] = [round(in1 - in0, 3), round(t1 - t0, 3), n1 - n0]
+        return out
+
+
+class Watch:
+    """One node's side of the watch, and node 0's judgement. ``step`` runs every ``PUBLISH_S``
+    in the watchdog's thread (with its store), or alone on a one-node job (``store`` None)."""
+
+    def __init__(self, plan: Plan, settings: Settings, directory: str, say: Callable[[str], None] | None = None) -> None:
+        self.plan = plan
+        self.settings = settings
+        self.window = NodeWindow(directory, settings.window_s)
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.prefix = f"hpctorch/{plan.run_id}/straggle/"
+        self.said: dict[str, float] = {}
+        self.listed: set[str] = set()
+        self.requests = 0
+        self._all_published = False
+
+    def key(self, node: int) -> str:
+        return f"{self.prefix}{node}"
+
+    def announce(self, store) -> None:  # type: ignore[no-untyped-def]
+        """Before the first beat: node 0's ``multi_get`` of every record never waits for one."""
+        self.requests += 1
+        store.set(self.key(self.plan.node_rank), json.dumps({"w": {}, "all": {}}))
+
+    def step(self, store, now: float) -> list[Straggler]:  # type: ignore[no-untyped-def]
+        self.window.read()
+        record = {"w": self.window.shares(), "all": self.window.totals()}
+        if store is None:
+            records = {0: record}
+        else:
+            self.requests += 1
+            store.set(self.key(self.plan.node_rank), json.dumps(record))
+            if not self.plan.is_master:
+                return []
+            records = self._read_all(store)
+        found = judge({n: {int(k): v for k, v in r.get("w", {}).items()} for n, r in records.items()}, self.plan, self.settings.threshold)
+        for straggler in found:
+            if now - self.said.get(straggler.key, -REPEAT_S) >= REPEAT_S:
+                self.said[straggler.key] = now
+                self.say(straggler.line())
+                self._list(straggler)
+        return found
+
+    def _read_all(self, store) -> dict[int, dict]:  # type: ignore[no-untyped-def]
+        keys = [self.key(n) for n in range(self.plan.nnodes)]
+        if not self._all_published:
+            self.requests += 1
+            self._all_published = store.check(keys)
+            if not self._all_published:
+                return {}
+        self.requests += 1
+        records = {}
+        for node, raw in enumerate(store.multi_get(keys)):
+            try:
+                records[node] = json.loads(raw)
+            except ValueError:
+                continue
+        return records
+
+    def _list(self, straggler: Straggler) -> None:
+        """A straggling node of a several-node job goes to the user's bad-node list, once."""
+        if self.plan.nnodes < 2 or not self.plan.nodes or straggler.node in self.listed:
+            return
+        self.listed.add(straggler.node)
+        from ..host import badnodes
+
+        reason = f"straggler: {straggler.line().split(': ', 2)[-1]}"
+        try:
+            badnodes.add(os.environ, [straggler.node], reason, self.plan.job_id)
+        except Exception as exc:  # noqa: BLE001 - advice for the next job, never in this one's way
+            self.say(f"hpctorch: {straggler.node} not added to the bad-node list: {exc}")
+
+    def publish_final(self, store) -> None:  # type: ignore[no-untyped-def]
+        """This node's running totals, as its workers left them, for node 0's closing summary."""
+        self.window.read()
+        self.requests += 1
+        store.set(self.key(self.plan.node_rank), json.dumps({"w": {}, "all": self.window.totals()}))
+
+    def collect_final(self, store) -> dict[int, dict[int, list[float]]]:  # type: ignore[no-untyped-def]
+        """Node 0, once every node is done: every node's running totals."""
+        self._all_published = False
+        return {n: {int(k): v for k, v in r.get("all", {}).items()} for n, r in self._read_all(store).items()}
+
+    def local_final(self) -> dict[int, dict[int, list[float]]]:
+        """A one-node job's totals."""
+        self.window.read()
+        return {0: self.window.totals()}
+
+
+class Alone:
+    """A one-node job's watch: the same judgement in a thread of the starter, with no store."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpctorch-stragglers", daemon=True)
+
+    def start(self) -> "Alone":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.watch.settings.publish_s):
+            self.watch.step(None, time.monotonic())
+
+    def stop(self) -> dict[str, dict]:
+        """The closing summary's part (``final["stragglers"]``)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return {"stragglers": self.watch.local_final()}
+
+
+def for_node(plan: Plan, directory: str | None, env: Mapping[str, str]) -> Watch | None:
+    """This node's watch, when on and its workers have a folder (``stragglers_env``)."""
+    settings = Settings.from_env(env)
+    return Watch(plan, settings, directory) if settings is not None and directory else None
+
+
+def per_rank(totals: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan) -> list[dict]:
+    """The closing summary's table: per rank, its share of the run inside collectives."""
+    rows = []
+    for node, ranks in sorted(totals.items()):
+        for rank, (inside, span, count) in sorted(ranks.items()):
+            if span > 0:
+                rows.append({"rank": rank, "node": node_name(plan, node), "inside_share": round(inside / span, 4),
+                             "inside_s": inside, "measured_s": span, "collectives": int(count)})
+    return sorted(rows, key=lambda row: row["rank"])
+
+
+def table(rows: Sequence[dict]) -> list[str]:
+    """Lines for the closing summary: every rank up to ``SHOWN_RANKS``, else the lowest shares."""
+    if len(rows) < 2:
+        return []
+    median = statistics.median(row["inside_share"] for row in rows)
+    shown = rows if len(rows) <= SHOWN_RANKS else sorted(rows, key=lambda row: row["inside_share"])[:SHOWN_RANKS // 2]
+    title = "per rank" if len(rows) <= SHOWN_RANKS else f"the {len(shown)} ranks waiting least of {len(rows)}"
+    lines = [f"hpctorch: time inside collectives, {title} (median {median:.0%}; the lowest is the one the others waited for):"]
+    for row in shown:
+        lines.append(f"  rank {row['rank']:>5}  {row['node']:<20} {row['inside_share']:>5.0%} of {row['measured_s']:.0f} s, "
+                     f"{row['collectives']} collectives")
+    return lines
