@@ -5,10 +5,14 @@ A rank that computes slower than the others arrives last at every collective and
 nobody; the others wait inside it for that rank. So each rank's share of time inside
 collectives is the signal (``guard.stragglers`` judges it). Measured where torch offers it:
 
-- NCCL: torch's own completion hook (``ProcessGroup._register_on_completion_hook``), whose
-  ``active_duration`` comes from CUDA events around the collective (``TORCH_NCCL_ENABLE_TIMING``,
-  set here unless the user set it): it sees every collective of the group, DDP's C++ reducer,
-  FSDP2 and functional collectives alike, in GPU time, never host timestamps of launches.
+- NCCL: torch's flight recorder, read every publish (``_dump_nccl_trace``, without stacks): each
+  retired entry's ``duration_ms`` comes from CUDA events around the collective
+  (``TORCH_NCCL_ENABLE_TIMING``, set here unless the user set it). It sees every collective of
+  every group, DDP's C++ reducer, FSDP2 and functional collectives alike, in GPU time, never host
+  timestamps of launches. (torch's completion hook gives the same figure, but one Python call per
+  collective, and prints in every rank that it "will be deprecated in favor of Flight Recorder".)
+  The recorder is on by default (``TORCH_FR_BUFFER_SIZE``: a ring of 2,000 entries); entries it
+  dropped between two reads count at the mean duration of those read.
 - gloo: torch has no completion hook for gloo (it raises "Only ProcessGroupNCCL supports
   onCompletion hook") and its flight recorder keeps no completion time for gloo, so the host
   times each call from its issue to its completion (its future's callback, on gloo's thread):
@@ -58,10 +62,10 @@ class Meter:
             self._intervals.append((start, end))
             self.count += 1
 
-    def duration(self, seconds: float) -> None:
+    def duration(self, seconds: float, count: int = 1) -> None:
         with self._lock:
             self._device_s += max(0.0, seconds)
-            self.count += 1
+            self.count += count
 
     def totals(self, now: float) -> dict[str, float]:
         """Running totals up to ``now``: the finished intervals since the last call, clipped to
@@ -118,7 +122,7 @@ def _host_timed(collective):  # type: ignore[no-untyped-def]
     @functools.wraps(collective)
     def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
         if _on_device(args, kwargs):
-            return collective(*args, **kwargs)  # NCCL's completion hook times it on the device
+            return collective(*args, **kwargs)  # NCCL's flight recorder times it on the device
         start = time.monotonic()
         work = collective(*args, **kwargs)
         if work is None or not hasattr(work, "get_future"):
@@ -145,41 +149,62 @@ def _on_device(args: tuple, kwargs: dict) -> bool:
 
 
 def _started(module) -> None:  # type: ignore[no-untyped-def]
-    """After the default group exists: DDP's reducer timed, device groups hooked, the writer."""
+    """After the default group exists: DDP's reducer timed, NCCL's recorder found, the writer."""
     if _state.get("started"):
         return
     _state["started"] = True
     _time_ddp_reducer()
-    _hook_device_groups(module)
+    _state["recorder"] = _device_recorder(module)
     directory = os.environ.get(DIR_ENV)
     if directory:
         import atexit
 
         path = os.path.join(directory, f"{os.environ.get('LOCAL_RANK', '0')}.json")
-        threading.Thread(target=_publish_loop, args=(module, path), name="hpctorch-stragglers", daemon=True).start()
+        threading.Thread(target=_publish_loop, args=(path,), name="hpctorch-stragglers", daemon=True).start()
         atexit.register(_publish, path)  # the last seconds too, for the closing summary
 
 
-def _hook_device_groups(module) -> None:  # type: ignore[no-untyped-def]
-    """NCCL groups not hooked yet (groups made after the start are found at the next publish)."""
-    hooked = _state.setdefault("hooked", set())
+def _device_recorder(module):  # type: ignore[no-untyped-def]
+    """torch's NCCL flight-recorder dump, when the job has an NCCL group."""
     try:
-        groups = list(module._world.pg_map)
-    except Exception:  # noqa: BLE001 - torch's private registry moved: the default group only
-        groups = [module.group.WORLD] if module.is_initialized() else []
-    for group in groups:
-        if id(group) in hooked:
+        if "nccl" not in str(module.get_backend()):
+            return None
+        from torch._C import _distributed_c10d
+
+        return getattr(_distributed_c10d, "_dump_nccl_trace", None)
+    except Exception:  # noqa: BLE001 - no NCCL here: host timing only
+        return None
+
+
+def _device_durations() -> None:
+    """The NCCL collectives retired since the last read, from the flight recorder."""
+    dump = _state.get("recorder")
+    if dump is None:
+        return
+    import pickle
+
+    try:
+        entries = pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)).get("entries", [])
+    except Exception:  # noqa: BLE001 - a torch whose dump differs: no device timing
+        _state["recorder"] = None
+        return
+    last, read, dropped = _state.get("seen", -1), [], 0
+    for entry in sorted(entries, key=lambda e: e.get("record_id", -1)):
+        record = entry.get("record_id", -1)
+        if record <= last:
             continue
-        hooked.add(id(group))
-        try:
-            if "nccl" in str(module.get_backend(group)):
-                group._register_on_completion_hook(_device_done)
-        except Exception:  # noqa: BLE001 - a gloo-first group, or a hook already there: host timing
-            pass
-
-
-def _device_done(info) -> None:  # type: ignore[no-untyped-def]
-    METER.duration(info.active_duration.total_seconds())
+        if not entry.get("retired"):
+            break  # this one and later ones at the next read
+        if last >= 0 and record > last + 1:
+            dropped += record - last - 1  # overwritten in the ring before this read
+        last = record
+        if entry.get("duration_ms") is not None:
+            read.append(entry["duration_ms"] / 1000.0)
+    _state["seen"] = last
+    for seconds in read:
+        METER.duration(seconds)
+    if dropped and read:
+        METER.duration(sum(read) / len(read) * dropped, count=dropped)
 
 
 def _time_ddp_reducer() -> None:
@@ -247,14 +272,13 @@ def _forward_hook(ddp):  # type: ignore[no-untyped-def]
     return hpctorch_timed_allreduce
 
 
-def _publish_loop(module, path: str) -> None:  # type: ignore[no-untyped-def]
+def _publish_loop(path: str) -> None:
     try:  # six files a window: the node's record then spans about the window it names
         every = min(PUBLISH_S, float(os.environ.get("HPCTORCH_STRAGGLER_WINDOW_S") or 30) / 6)
     except ValueError:
         every = PUBLISH_S
     while True:
         time.sleep(every)
-        _hook_device_groups(module)
         if not _publish(path):
             return  # the node's folder is gone: the job is ending
 
@@ -263,6 +287,7 @@ def _publish(path: str) -> bool:
     from ..host.folders import replace_file
 
     with _writing:  # the thread's and the exit's
+        _device_durations()
         try:
             replace_file(path, json.dumps(METER.totals(time.monotonic())))
         except OSError:

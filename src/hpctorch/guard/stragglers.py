@@ -6,8 +6,8 @@ Each worker keeps its running time inside collectives in a file of the node's pr
 share of the last ``window_s`` each rank spent inside collectives, and sets that as one small
 record, ``hpctorch/<run id>/straggle/<node>``: one request per node per 10 s, whatever N. Node 0
 reads all records in one ``multi_get`` and judges (``judge``, pure): a rank that spends at least
-``threshold`` (default 0.2) less of its time inside collectives than the job's median is the one
-the others wait for. Node 0 prints one line per straggler, again at most every ``REPEAT_S``
+``threshold`` (default 0.2) less of its time inside collectives than the median of the others is
+the one they wait for. Node 0 prints one line per straggler, again at most every ``REPEAT_S``
 while it lasts, and adds a straggling node of a several-node job to the user's bad-node list. At
 the end every node's running totals make the closing summary's per-rank table.
 """
@@ -100,27 +100,43 @@ def node_name(plan: Plan, node: int) -> str:
 
 def judge(shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan, threshold: float) -> list[Straggler]:
     """``shares[node][rank] = (share of the window inside collectives, collectives)``. A rank
-    whose share is at least ``threshold`` below the median is a straggler, when it ran about as
-    many collectives as the median rank (else it is doing other work, not comparable) and fewer
-    than half the ranks are: the median must be the waiting majority's."""
+    whose share is at least ``threshold`` below the median of the others' is a straggler, when
+    it ran about as many collectives as the median rank (else it is doing other work, not
+    comparable) and at most half the ranks are: the others must be the waiting majority."""
     measured = [(node, int(rank), float(v[0]), float(v[1])) for node, ranks in shares.items() for rank, v in ranks.items()]
     if len(measured) < 2:
         return []
-    median = statistics.median(share for *_, share, _n in measured)
+    ordered = sorted(share for *_, share, _n in measured)
     usual = statistics.median(count for *_, count in measured)
-    slow = [(node, rank, share) for node, rank, share, count in measured
-            if count >= max(MIN_COLLECTIVES, usual / 2) and median - share >= threshold]
-    if not slow or len(slow) * 2 >= len(measured):
+    slow = []
+    for node, rank, share, count in measured:
+        others = _median_without(ordered, share)
+        if count >= max(MIN_COLLECTIVES, usual / 2) and others - share >= threshold:
+            slow.append((node, rank, share, others))
+    if not slow or len(slow) * 2 > len(measured):
         return []
     found = []
     for node in sorted({node for node, *_ in slow}):
-        mine = sorted((rank, share) for n, rank, share in slow if n == node)
+        mine = sorted((rank, share, others) for n, rank, share, others in slow if n == node)
         whole = len(mine) > 1 and len(mine) == len(shares[node])
         for group in [mine] if whole else [[one] for one in mine]:
-            share = min(s for _r, s in group)
-            ratio = (1.0 - share) / max(1.0 - median, 0.01)
-            found.append(Straggler(tuple(rank for rank, _s in group), node_name(plan, node), ratio, median - share, whole))
+            _rank, share, others = min(group, key=lambda one: one[1])
+            ratio = (1.0 - share) / max(1.0 - others, 0.01)
+            found.append(Straggler(tuple(rank for rank, *_ in group), node_name(plan, node), ratio, others - share, whole))
     return found
+
+
+def _median_without(ordered: Sequence[float], value: float) -> float:
+    """The median of sorted ``ordered`` with one ``value`` taken out: O(log n), not a new list."""
+    import bisect
+
+    gone = bisect.bisect_left(ordered, value)
+    rest = len(ordered) - 1
+
+    def at(i: int) -> float:
+        return ordered[i if i < gone else i + 1]
+
+    return at(rest // 2) if rest % 2 else (at(rest // 2 - 1) + at(rest // 2)) / 2
 
 
 class NodeWindow:
