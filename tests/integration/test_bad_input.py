@@ -47,6 +47,8 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "--screen=maybe", SCRIPT), ("--screen", "'maybe'")),
         (("run", "--screen", "--simulate-nodes", "2", SCRIPT), ("--simulate-nodes", "--screen")),
         (("run", "--spare-nodes", "-1", SCRIPT), ("'-1' is not a count of nodes",)),
+        (("run", "--straggler-threshold", "1.5", SCRIPT), ("'1.5' is not a fraction between 0 and 1",)),
+        (("run", "--stragglers", "loud", SCRIPT), ("invalid choice: 'loud'",)),
         (("run", "--spare-nodes", "1", SCRIPT), ("--spare-nodes 1 on a single node",)),
         (("run", "--spare-nodes", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT), ("--spare-nodes 2 of 2 nodes", "at most 1")),
         (("run", "--spare-nodes", "1", "--max-restarts", "1", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT),
@@ -82,6 +84,15 @@ def test_a_screen_under_torchrun_s_agent_says_there_is_nothing_to_renumber() -> 
                     TORCHELASTIC_RUN_ID="job7")  # as torchrun's agent sets them
     _assert_one_line(("run", "--screen", SCRIPT), env, "--screen needs one hpctorch per node", "unchanged")
     _assert_one_line(("run", "--spare-nodes", "1", SCRIPT), env, "--spare-nodes")
+
+
+@pytest.mark.parametrize("variable, value, words", [
+    ("HPCTORCH_STRAGGLERS", "loud", ("HPCTORCH_STRAGGLERS=loud is neither off nor warn",)),
+    ("HPCTORCH_STRAGGLER_THRESHOLD", "x", ("HPCTORCH_STRAGGLER_THRESHOLD=x is not a number",)),
+    ("HPCTORCH_STRAGGLER_WINDOW_S", "0", ("shorter than a second",)),
+])
+def test_bad_straggler_settings_in_the_environment(variable: str, value: str, words: tuple[str, ...]) -> None:
+    _assert_one_line(("run", "--nproc-per-node", "1", SCRIPT), clean_env(**{variable: value}), *words)
 
 
 def test_contradictory_launcher_variables() -> None:

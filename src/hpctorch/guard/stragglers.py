@@ -256,8 +256,9 @@ class Watch:
         return records
 
     def _list(self, straggler: Straggler) -> None:
-        """A straggling node of a several-node job goes to the user's bad-node list, once."""
-        if self.plan.nnodes < 2 or not self.plan.nodes or straggler.node in self.listed:
+        """A straggling node of a several-node job goes to the user's bad-node list, once (never
+        a simulated one: they are all this machine)."""
+        if self.plan.nnodes < 2 or self.plan.simulated or not self.plan.nodes or straggler.node in self.listed:
             return
         self.listed.add(straggler.node)
         from ..host import badnodes

@@ -1,0 +1,77 @@
+"""The straggler watch end to end, with real torch processes and gloo: a plain DDP script (no
+hpctorch import) whose one rank is slowed by a sleep before its backward pass is named by node 0,
+on simulated nodes (each its own agent and watchdog, through the store) and on one node (the
+supervisor's thread, no store); a balanced job names nobody; ``--stragglers off`` leaves no trace.
+The 3-node cluster test slows a node with a CPU quota instead (tests/cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+
+from ..conftest import clean_env, hpctorch, unprefixed
+
+pytest.importorskip("torch")
+
+TRAIN = textwrap.dedent("""
+    import os, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)]),
+                                                      bucket_cap_mb=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    slow = int(os.environ.get("SLOW_RANK", "-1"))
+    for _ in range(int(os.environ.get("STEPS", "250"))):
+        loss = model(torch.randn(16, 128)).pow(2).mean()
+        time.sleep(0.04 if dist.get_rank() == slow else 0.005)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+""")
+
+
+def run(tmp_path, *args: str, **env: str):  # type: ignore[no-untyped-def]
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    summary = tmp_path / "summary.json"
+    done = hpctorch("run", "--summary-json", str(summary), *args, str(script), timeout=300,
+                    env=clean_env(OMP_NUM_THREADS="1", HPCTORCH_STRAGGLER_WINDOW_S="6", HPCTORCH_BAD_NODES=str(tmp_path / "bad"), **env))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, (json.loads(summary.read_text()) if summary.exists() else {})
+
+
+def straggler_lines(done) -> list[str]:  # type: ignore[no-untyped-def]
+    return [line for line in unprefixed(done.stderr).splitlines() if line.startswith("hpctorch: straggler:")]
+
+
+def test_the_slow_rank_of_simulated_nodes_is_named_through_the_store(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    done, summary = run(tmp_path, "--simulate-nodes", "3", "--nproc-per-node", "1", SLOW_RANK="1")
+    lines = straggler_lines(done)
+    assert lines and all(line.startswith("hpctorch: straggler: rank 1 (") for line in lines), done.stderr[-3000:]
+    assert "others wait" in lines[0]
+    ranks = {row["rank"]: row for row in summary["ranks"]}
+    assert set(ranks) == {0, 1, 2}
+    assert ranks[1]["inside_share"] + 0.2 < min(ranks[0]["inside_share"], ranks[2]["inside_share"]), ranks
+    assert "time inside collectives, per rank" in done.stderr
+    assert not (tmp_path / "bad").exists()  # simulated nodes are this machine: never on the bad-node list
+
+
+def test_the_slow_rank_of_one_node_is_named_by_its_supervisor(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    done, summary = run(tmp_path, "--nproc-per-node", "3", SLOW_RANK="2")
+    assert [line.split(" (")[0] for line in straggler_lines(done)] == ["hpctorch: straggler: rank 2"], done.stderr[-3000:]
+    assert len(summary["ranks"]) == 3
+
+
+def test_a_balanced_job_names_nobody_and_off_leaves_no_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    done, summary = run(tmp_path, "--simulate-nodes", "2", "--nproc-per-node", "2", STEPS="200")
+    assert straggler_lines(done) == [], done.stderr[-3000:]
+    assert len(summary["ranks"]) == 4 and all(row["collectives"] > 0 for row in summary["ranks"])
+    folder = f"/dev/shm/hpctorch-{os.getuid()}/stragglers"
+    before = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+    done, summary = run(tmp_path, "--stragglers", "off", "--nproc-per-node", "2", SLOW_RANK="1", STEPS="100")
+    assert straggler_lines(done) == [] and "time inside collectives" not in done.stderr
+    assert summary["ranks"] == []
+    assert (set(os.listdir(folder)) if os.path.isdir(folder) else set()) <= before  # no folder made, none left

@@ -1,0 +1,226 @@
+"""The straggler watch's parts: a rank's meter, a node's window over its ranks' files, node 0's
+judgement and the closing table, and the DDP reducer's timing (real gloo, real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hpctorch.errors import HpctorchError
+from hpctorch.guard import straggler_worker, stragglers
+from hpctorch.guard.stragglers import NodeWindow, Settings, judge, per_rank, table
+from hpctorch.plan.types import Plan
+
+from ..conftest import ROOT, clean_env
+
+
+def plan(nodes: int, per_node: int = 1) -> Plan:
+    names = tuple(f"cx{n}" for n in range(nodes))
+    return Plan(mode="per-node", scheduler="slurm", job_id="7", nodes=names, node_rank=0, nproc_per_node=(per_node,) * nodes,
+                master_addr="198.18.0.1", master_port=29500, rdzv_backend="static", rdzv_timeout=60, run_id="r", iface=None,
+                simulated=False, max_restarts=0, workers=(), common_env={})
+
+
+def test_merged_length_counts_overlapping_intervals_once_and_clips_at_the_cut() -> None:
+    assert straggler_worker.merged_length([(1, 3), (2, 4), (6, 7)], 0) == 4
+    assert straggler_worker.merged_length([(1, 3), (2, 4)], 2.5) == 1.5
+    assert straggler_worker.merged_length([(5, 6), (1, 2)], 0) == 2  # any order (futures finish out of order)
+    assert straggler_worker.merged_length([], 0) == 0
+
+
+def test_meter_adds_host_intervals_and_device_durations() -> None:
+    meter = straggler_worker.Meter()
+    cut = meter._cut
+    meter.interval(cut + 0.1, cut + 0.3)
+    meter.interval(cut + 0.2, cut + 0.4)
+    meter.duration(0.5)
+    meter.duration(0.2, count=4)  # entries the recorder dropped
+    totals = meter.totals(cut + 1)
+    assert totals["count"] == 7
+    assert totals["inside_s"] == pytest.approx(1.0)
+    assert meter.totals(cut + 2)["inside_s"] == pytest.approx(1.0)  # running totals
+
+
+def shares(*values: tuple[float, int], per_node: int = 1) -> dict[int, dict[int, list[float]]]:
+    out: dict[int, dict[int, list[float]]] = {}
+    for rank, (share, count) in enumerate(values):
+        out.setdefault(rank // per_node, {})[rank] = [share, count]
+    return out
+
+
+def test_the_rank_the_others_wait_for_is_named_with_its_figures() -> None:
+    found = judge(shares((0.45, 100), (0.41, 100), (0.03, 100), (0.44, 100)), plan(4), 0.2)
+    assert [f.line() for f in found] == ["hpctorch: straggler: rank 2 (cx2) computes 1.7x the median step (others wait 41% of each step for it)"]
+
+
+def test_a_balanced_job_names_nobody() -> None:
+    assert judge(shares((0.45, 100), (0.41, 100), (0.38, 100), (0.44, 100)), plan(4), 0.2) == []
+    assert judge(shares((0.05, 100), (0.02, 100), (0.04, 100)), plan(3), 0.2) == []  # nobody waits
+
+
+def test_of_two_ranks_the_one_waited_for_is_named() -> None:
+    found = judge(shares((0.91, 300), (0.07, 300)), plan(2), 0.2)
+    assert [f.ranks for f in found] == [(1,)]
+
+
+def test_a_whole_slow_node_is_named_once() -> None:
+    found = judge(shares((0.5, 80), (0.5, 80), (0.02, 80), (0.03, 80), (0.5, 80), (0.5, 80), per_node=2), plan(3, 2), 0.2)
+    assert [f.line() for f in found] == ["hpctorch: straggler: node cx1 (ranks 2-3) computes 2.0x the median step (others wait 48% of each step for it)"]
+
+
+def test_no_verdict_without_a_waiting_majority_or_comparable_work() -> None:
+    assert judge(shares((0.6, 100), (0.6, 100), (0.1, 100), (0.1, 100), (0.1, 100)), plan(5), 0.2) == []  # more than half "slow"
+    assert judge(shares((0.5, 100), (0.5, 100), (0.0, 2)), plan(3), 0.2) == []  # it ran 2 collectives: another job, not a straggler
+    assert judge(shares((0.5, 100)), plan(1), 0.2) == []
+
+
+def test_the_threshold_moves_the_line() -> None:
+    values = shares((0.45, 100), (0.30, 100), (0.44, 100))
+    assert judge(values, plan(3), 0.2) == []
+    assert [f.ranks for f in judge(values, plan(3), 0.1)] == [(1,)]
+
+
+def test_median_without_one_value() -> None:
+    from hpctorch.guard.stragglers import _median_without
+
+    assert _median_without([1, 2, 3, 4], 1) == 3
+    assert _median_without([1, 2, 3, 4], 4) == 2
+    assert _median_without([1, 2, 3], 2) == 2
+    assert _median_without([0.1, 0.9], 0.1) == 0.9
+
+
+def write(folder, local: int, t: float, inside: float, count: int, rank: int | None = None) -> None:  # type: ignore[no-untyped-def]
+    (folder / f"{local}.json").write_text(json.dumps({"t": t, "inside_s": inside, "count": count, "rank": local if rank is None else rank}))
+
+
+def test_a_nodes_window_turns_running_totals_into_shares(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    window = NodeWindow(str(tmp_path), 30)
+    for t in range(0, 61, 5):
+        write(tmp_path, 0, t, t * 0.5, t * 2, rank=8)
+        write(tmp_path, 1, t, t * 0.1, t * 2, rank=9)
+        window.read()
+    assert window.shares() == {8: [0.5, 60], 9: [0.1, 60]}  # the last 30 s, by global rank
+    assert window.totals() == {8: [30.0, 60.0, 120], 9: [6.0, 60.0, 120]}
+    (tmp_path / "junk.json").write_text("{")
+    (tmp_path / "2.json").write_text("not json")
+    window.read()  # a torn or foreign file is skipped
+    assert set(window.shares()) == {8, 9}
+
+
+def test_a_restarted_worker_starts_its_window_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    window = NodeWindow(str(tmp_path), 10)
+    for t in (0, 5, 10):
+        write(tmp_path, 0, t, t * 0.5, t * 10)
+        window.read()
+    write(tmp_path, 0, 12, 0.1, 3)  # a new process: its counters start from zero
+    window.read()
+    assert window.shares() == {}  # too short a window yet, and never a negative share
+    assert window.totals() == {0: [0.0, 0.0, 0]}
+
+
+def test_the_closing_table_lists_every_rank_or_the_lowest_of_many() -> None:
+    rows = per_rank({0: {0: [8.0, 10.0, 50]}, 1: {1: [0.5, 10.0, 50]}}, plan(2))
+    assert rows[1] == {"rank": 1, "node": "cx1", "inside_share": 0.05, "inside_s": 0.5, "measured_s": 10.0, "collectives": 50}
+    lines = table(rows)
+    assert lines[0].startswith("hpctorch: time inside collectives, per rank (median 43%")
+    assert "rank     1  cx1" in lines[2] and "5% of 10 s, 50 collectives" in lines[2]
+    many = per_rank({0: {r: [5.0, 10.0, 9] for r in range(40)}}, plan(1, 40))
+    assert len(table(many)) == 1 + stragglers.SHOWN_RANKS // 2
+    assert table(rows[:1]) == []
+
+
+def test_settings_from_the_environment_and_their_errors() -> None:
+    assert Settings.from_env({}) == Settings(0.2, 30.0)
+    assert Settings.from_env({"HPCTORCH_STRAGGLERS": "off"}) is None
+    assert Settings.from_env({"HPCTORCH_STRAGGLER_WINDOW_S": "6"}).publish_s == 2.0  # type: ignore[union-attr]
+    for env, said in (({"HPCTORCH_STRAGGLERS": "loud"}, "neither off nor warn"), ({"HPCTORCH_STRAGGLER_THRESHOLD": "2"}, "not a fraction"),
+                      ({"HPCTORCH_STRAGGLER_THRESHOLD": "x"}, "not a number"), ({"HPCTORCH_STRAGGLER_WINDOW_S": "0.1"}, "shorter than a second")):
+        with pytest.raises(HpctorchError, match=said):
+            Settings.from_env(env)
+
+
+def test_the_watch_repeats_a_line_at_most_every_five_minutes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    said: list[str] = []
+    watch = stragglers.Watch(plan(1, 3), Settings(0.2, 10), str(tmp_path), say=said.append)
+    for t in range(0, 21, 5):
+        for local, share in enumerate((0.5, 0.5, 0.05)):
+            write(tmp_path, local, t, t * share, t * 10)
+        watch.step(None, float(t))
+    assert said == ["hpctorch: straggler: rank 2 (cx0) computes 1.9x the median step (others wait 45% of each step for it)"]
+    watch.step(None, 400.0)
+    assert len(said) == 2
+
+
+DDP_SCRIPT = textwrap.dedent("""
+    import os, sys
+    from hpctorch.guard import straggler_worker as w
+    w.install()  # as the worker entry does, before the script imports torch
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", rank=int(os.environ["R"]), world_size=2, init_method="tcp://127.0.0.1:" + os.environ["PORT"])
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]), bucket_cap_mb=0.01)
+    calls = []
+    if os.environ.get("USER_HOOK"):  # registered after DDP's construction, as users do
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        def counted(state, bucket):
+            calls.append(1)
+            return default_hooks.allreduce_hook(state, bucket)
+        model.register_comm_hook(dist.group.WORLD, counted)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(5):
+        torch.manual_seed(step * 10 + dist.get_rank())
+        model(torch.randn(8, 64)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    totals = w.METER.totals(__import__("time").monotonic())
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    print("RESULT", totals["count"], len(calls), weights.sum().item(), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def ddp_run(tmp_path, port: int, timed: bool, user_hook: bool = False) -> list[tuple[int, int, float]]:  # type: ignore[no-untyped-def]
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT if timed else DDP_SCRIPT.replace("w.install()", "pass"))
+    env = clean_env(PYTHONPATH=str(ROOT / "src"), PORT=str(port), OMP_NUM_THREADS="1", **({"USER_HOOK": "1"} if user_hook else {}))
+    processes = [subprocess.Popen([sys.executable, str(script)], env={**env, "R": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for r in range(2)]
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-3000:]
+        line = next(line for line in out.splitlines() if line.startswith("RESULT"))
+        count, calls, weight = line.split()[1:]
+        results.append((int(count), int(calls), float(weight)))
+    return results
+
+
+def test_ddps_reducer_is_timed_and_trains_exactly_as_without(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    timed = ddp_run(tmp_path, ports[0], timed=True)
+    bare = ddp_run(tmp_path, ports[1], timed=False)
+    assert all(count >= 5 * 2 for count, _c, _w in timed), timed  # several buckets a step, each timed
+    assert [w for *_, w in timed] == [w for *_, w in bare]  # the same weights, bit for bit
+    assert all(count == 0 for count, _c, _w in bare)
+
+
+def test_a_users_comm_hook_registered_after_ddp_is_the_one_that_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = ddp_run(tmp_path, port, timed=True, user_hook=True)
+    assert all(calls >= 5 and count >= calls for count, calls, _w in results), results
+    assert os.environ.get("HPCTORCH_STRAGGLERS_DIR") is None  # nothing leaked into this process
