@@ -15,6 +15,11 @@ from .harness import Cluster, missing_requirements
 
 PYTHON = sys.executable
 TOY = str(ROOT / "examples" / "toy_ddp.py")
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+ONE_THREAD = "export OMP_NUM_THREADS=1\n"
+"""The 3 nodes share this machine's 2 cores: with torch's default of a thread per core, 6 threads
+spin for 2 cores and who gets them decides the CPU figures (a balanced run once named node3 at
+0.44x the median in CI). Real nodes do not share cores; one thread each makes the shares even here."""
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +59,25 @@ def assert_trained_across_nodes(output: str, nodes: int = 2, per_node: int = 2) 
     losses = [float(x) for x in re.findall(r"^step \d+ loss (\S+)$", unprefixed(output), re.M)]
     assert losses and losses[-1] < losses[0]
     assert f"done world={world}" in output
+
+
+@pytest.fixture
+def throttled_cpu(cluster: Cluster) -> Iterator[str]:
+    """node3's slurmd, and so every process of its job steps, held to 15% of one CPU."""
+    group = CPU_CGROUP / "hpct-node3"
+    if not (CPU_CGROUP / "cgroup.procs").exists():
+        pytest.fail("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu to throttle a node with")
+    slurmd = (cluster.dir / "slurmd-node3.pid").read_text().strip()
+    group.mkdir(exist_ok=True)
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("15000")
+        (group / "cgroup.procs").write_text(slurmd)
+        yield "node3"
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (CPU_CGROUP / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # gone meanwhile
+        os.rmdir(group)

@@ -5,7 +5,6 @@ median, and lands on the user's bad-node list, which the next job's script leave
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,17 +13,12 @@ from pathlib import Path
 import pytest
 
 from ..conftest import unprefixed
-from .conftest import PYTHON, TOY, toy_ranks
+from .conftest import ONE_THREAD, PYTHON, TOY, toy_ranks
 from .harness import Cluster
 
 pytestmark = pytest.mark.cluster
 HPCTORCH = f"{PYTHON} -m hpctorch"
-CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 SHAPED = "20mbit"
-ONE_THREAD = "export OMP_NUM_THREADS=1\n"
-"""The 3 nodes share this machine's 2 cores: with torch's default of a thread per core, 6 threads
-spin for 2 cores and who gets them decides the CPU figures (a balanced run once named node3 at
-0.44x the median in CI). Real nodes do not share cores; one thread each makes the shares even here."""
 
 
 def screened(cluster: Cluster, job_dir: Path, *flags: str) -> tuple[str, str, dict]:
@@ -60,28 +54,6 @@ def shaped(cluster: Cluster, index: int) -> Iterator[str]:
 def shaped_link(cluster: Cluster) -> Iterator[str]:
     with shaped(cluster, 3) as node:
         yield node
-
-
-@pytest.fixture
-def throttled_cpu(cluster: Cluster) -> Iterator[str]:
-    """node3's slurmd, and so every process of its job steps, held to 15% of one CPU."""
-    group = CPU_CGROUP / "hpct-node3"
-    if not (CPU_CGROUP / "cgroup.procs").exists():
-        pytest.fail("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu to throttle a node with")
-    slurmd = (cluster.dir / "slurmd-node3.pid").read_text().strip()
-    group.mkdir(exist_ok=True)
-    try:
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text("15000")
-        (group / "cgroup.procs").write_text(slurmd)
-        yield "node3"
-    finally:
-        for pid in (group / "cgroup.procs").read_text().split():
-            try:
-                (CPU_CGROUP / "cgroup.procs").write_text(pid)
-            except OSError:
-                pass  # gone meanwhile
-        os.rmdir(group)
 
 
 @pytest.mark.parametrize("starter", [(), ("--max-restarts", "1")], ids=["hpctorch-starter", "torch-agent"])

@@ -1,0 +1,76 @@
+"""The straggler watch on 3 real Slurm nodes, one rank each, plain DDP (the script imports no
+hpctorch): the node whose slurmd runs in a CPU-quota cgroup is named within 60 s of training,
+with the default window; a balanced run names nobody, under torch's agent too."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ..conftest import unprefixed
+from .conftest import ONE_THREAD, PYTHON
+from .harness import Cluster
+
+pytestmark = pytest.mark.cluster
+
+TRAIN = textwrap.dedent("""
+    import os, sys, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    # Compute-bound, as training is: a throttled node is then mostly frozen while it computes, and
+    # arrives late (frozen inside a collective it would slow everyone alike: nobody to name).
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]),
+                                                      bucket_cap_mb=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    seconds, started, step, stop = float(sys.argv[1]), time.monotonic(), 0, torch.zeros(1)
+    while not stop.item():
+        model(torch.randn(256, 512)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        step += 1
+        if step % 5 == 0:  # rank 0's clock decides for all: every rank runs the same steps
+            stop.fill_(float(time.monotonic() - started > seconds))
+            dist.broadcast(stop, 0)
+    print(f"trained {step} steps on {os.uname().nodename}", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def trained(cluster: Cluster, job_dir: Path, seconds: int, *flags: str, env: str = "") -> tuple[str, str, dict]:
+    (job_dir / "train.py").write_text(TRAIN)
+    summary = job_dir / "summary.json"
+    script = job_dir / "job.sh"
+    script.write_text(f"#!/bin/sh\nexport HPCTORCH_BAD_NODES={job_dir / 'bad-nodes.jsonl'}\n{ONE_THREAD}{env}"
+                      f"srun {PYTHON} -m hpctorch run {' '.join(flags)} --nproc-per-node 1 --summary-json {summary} "
+                      f"{job_dir / 'train.py'} {seconds}\n")
+    state, output = cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=1", timeout=300)
+    return state, output, (json.loads(summary.read_text()) if summary.exists() else {})
+
+
+def straggler_lines(output: str) -> list[str]:
+    return [line for line in unprefixed(output).splitlines() if line.startswith("hpctorch: straggler:")]
+
+
+def test_the_throttled_node_is_named_within_a_minute(cluster: Cluster, job_dir: Path, throttled_cpu: str) -> None:
+    state, output, summary = trained(cluster, job_dir, 60)
+    assert state == "COMPLETED", output[-3000:]
+    lines = straggler_lines(output)
+    assert lines, output[-3000:]
+    assert all(f"({throttled_cpu})" in line for line in lines), lines
+    rows = {row["node"]: row for row in summary["ranks"]}
+    assert set(rows) == {"node1", "node2", "node3"}
+    assert rows[throttled_cpu]["inside_share"] == min(row["inside_share"] for row in rows.values()), rows
+    listed = [json.loads(line) for line in (job_dir / "bad-nodes.jsonl").read_text().splitlines()]
+    assert [entry["node"] for entry in listed] == [throttled_cpu] and listed[0]["reason"].startswith("straggler: "), listed
+
+
+@pytest.mark.parametrize("starter", [(), ("--max-restarts", "1")], ids=["hpctorch-starter", "torch-agent"])
+def test_a_balanced_cluster_names_nobody(cluster: Cluster, job_dir: Path, starter: tuple[str, ...]) -> None:
+    state, output, summary = trained(cluster, job_dir, 30, *starter, env="export HPCTORCH_STRAGGLER_WINDOW_S=10\n")
+    assert state == "COMPLETED", output[-3000:]
+    assert straggler_lines(output) == [], output[-3000:]
+    assert sorted(row["node"] for row in summary["ranks"]) == ["node1", "node2", "node3"], summary
+    assert all(row["collectives"] > 100 for row in summary["ranks"]), summary["ranks"]
+    assert not (job_dir / "bad-nodes.jsonl").exists()
