@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 from hpctorch.host.network import free_port
 from hpctorch.plan.types import Plan
@@ -296,6 +297,111 @@ def screen_scale(nnodes: int) -> dict[str, float]:
     }
 
 
+STRAGGLE_RANKS = 8
+STRAGGLE_ROUNDS = 3
+"""Rounds of the watch per simulated node: the third is the first with a window of shares (10 s
+apart, a 30 s window needs 15 s of samples)."""
+
+
+def _straggle_files(folder: str, node: int, round_: int) -> None:
+    """What a node's 8 workers leave (``straggler_worker``): running totals at 10 s a round; one
+    node in 64 has its local rank 0 spend 5% of its time inside collectives, the others 45%."""
+    for local in range(STRAGGLE_RANKS):
+        share = 0.05 if node % 64 == 63 and local == 0 else 0.45
+        t = round_ * 10.0
+        data = {"t": t, "inside_s": share * t, "count": round_ * 50, "rank": node * STRAGGLE_RANKS + local}
+        with open(os.path.join(folder, f"{local}.json"), "w", encoding="utf-8") as out:
+            json.dump(data, out)
+
+
+def _straggle_watch(node: int, nnodes: int, port: int, root: str):  # type: ignore[no-untyped-def]
+    from hpctorch.guard.stragglers import Settings, Watch
+
+    folder = os.path.join(root, str(node))
+    os.makedirs(folder, exist_ok=True)
+    plan = replace(node_plan(node, nnodes, port), nproc_per_node=(STRAGGLE_RANKS,) * nnodes)
+    return Watch(plan, Settings(0.2, 30.0), folder, say=lambda _line: None), folder
+
+
+def straggle_client(first: int, last: int, nnodes: int, port: int, root: str) -> None:
+    """Simulated nodes each run the real ``Watch`` (announce, then a step a round); prints the
+    requests each made per round."""
+    counts: dict[int, float] = {}
+
+    def node(rank: int) -> None:
+        store = CountingStore(_store(port, False))
+        watch, folder = _straggle_watch(rank, nnodes, port, root)
+        watch.announce(store)
+        for round_ in range(STRAGGLE_ROUNDS):
+            _straggle_files(folder, rank, round_)
+            watch.step(store, round_ * 10.0)
+        counts[rank] = (store.requests - 1) / STRAGGLE_ROUNDS
+        store.add(f"hpctorch/{RUN_ID}/bench-straggle-done", 1)
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in range(first, last)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(json.dumps({"requests": counts}), flush=True)
+
+
+def straggle_scale(nnodes: int) -> dict[str, float]:
+    """Node 0's real watch reading every node's record and judging ``nnodes`` x 8 ranks."""
+    import tempfile
+
+    print(f"control_plane_scale: stragglers at {nnodes} nodes", file=sys.stderr, flush=True)
+    port = free_port()
+    served = CountingStore(_store(port, True))
+    with tempfile.TemporaryDirectory(prefix="hpctorch-bench-straggle-") as root:
+        watch, folder = _straggle_watch(0, nnodes, port, root)
+        watch.announce(served)
+        processes = min(PROCESSES, nnodes - 1)
+        bounds = [1 + (nnodes - 1) * p // processes for p in range(processes + 1)]
+        children = [subprocess.Popen([PYTHON, "-m", "benchmarks.control_plane_scale", "--straggle-client", str(bounds[p]),
+                                      str(bounds[p + 1]), str(nnodes), str(port), root], cwd=ROOT, env=clean_env(),
+                                     stdout=subprocess.PIPE, text=True) for p in range(processes)]
+        try:
+            for round_ in range(STRAGGLE_ROUNDS - 1):
+                _straggle_files(folder, 0, round_)
+                watch.step(served, round_ * 10.0)
+            deadline = time.monotonic() + 600
+            while served.store.add(f"hpctorch/{RUN_ID}/bench-straggle-done", 0) < nnodes - 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            _straggle_files(folder, 0, STRAGGLE_ROUNDS - 1)
+            before = served.requests
+            started = time.perf_counter()
+            found = watch.step(served, (STRAGGLE_ROUNDS - 1) * 10.0)
+            step_s = time.perf_counter() - started
+            node0_requests = served.requests - before
+            record_bytes = len(served.store.get(watch.key(1)))
+            from hpctorch.guard.stragglers import judge
+
+            records = watch._read_all(served)  # again, to time the parse and judgement alone (the step's includes the store's answer)
+            started = time.perf_counter()
+            judge({n: {int(k): v for k, v in r.get("w", {}).items()} for n, r in records.items()}, watch.plan, 0.2)
+            judge_s = time.perf_counter() - started
+            results = [json.loads(child.communicate(timeout=300)[0].strip().splitlines()[-1]) for child in children]
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+    per_node = [count for r in results for count in r["requests"].values()]
+    return {"nodes": nnodes, "ranks": nnodes * STRAGGLE_RANKS, "straggle_requests_per_node": max(per_node),
+            "straggle_requests_node0": node0_requests, "straggle_record_bytes": record_bytes, "straggle_step_s": step_s,
+            "straggle_judge_s": judge_s,
+            "straggle_named": len(found), "straggle_expected": nnodes // 64}
+
+
+STRAGGLE_HEADER = ["nodes", "ranks", "store requests per node per round", "at node 0", "record (bytes)", "node 0's step (s)",
+                   "judgement alone (s)", "named", "slowed"]
+
+
+def straggle_cells(rows: list[dict]) -> list[list[object]]:
+    return [[r["nodes"], r["ranks"], f"{r['straggle_requests_per_node']:g}", r["straggle_requests_node0"], r["straggle_record_bytes"],
+             f"{r['straggle_step_s']:.3f}", f"{r.get('straggle_judge_s', float('nan')):.3f}", r["straggle_named"], r["straggle_expected"]] for r in rows]
+
+
 SCREEN_HEADER = ["nodes", "store requests per node", "at node 0", "judgement (s)", "go to verdict (s)", "with arrivals (s)", "records", "nodes named"]
 
 
@@ -350,9 +456,14 @@ def main(argv: list[str] | None = None) -> int | None:
     parser.add_argument("--client", nargs=6, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle watching per size")
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1024, 4096], help="node counts")
-    parser.add_argument("--only", choices=["files", "screen"], default=None, help="the shared-file channel, or the screen, alone")
+    parser.add_argument("--only", choices=["files", "screen", "stragglers"], default=None,
+                        help="the shared-file channel, the screen, or the straggler watch, alone")
     parser.add_argument("--screen-client", nargs=4, type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--straggle-client", nargs=5, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.straggle_client:
+        straggle_client(*map(int, args.straggle_client[:4]), args.straggle_client[4])  # type: ignore[call-arg]
+        return None
     if args.screen_client:
         screen_client(*args.screen_client)
         return None
@@ -370,6 +481,13 @@ def main(argv: list[str] | None = None) -> int | None:
     status = _isolated(sys.argv[1:] if argv is None else argv)
     if status is not None:
         return status
+    if args.only == "stragglers":
+        straggle_rows = [straggle_scale(n) for n in sizes]
+        print(table(STRAGGLE_HEADER, straggle_cells(straggle_rows)))
+        if not args.smoke:
+            _save_part(straggle_rows=straggle_rows, straggle_command=" ".join(["python", "-m", "benchmarks.control_plane_scale", *sys.argv[1:]]),
+                       straggle_date=time.strftime("%Y-%m-%d"))
+        return None
     if args.only == "screen":
         screen_rows = _screen_table(sizes)
         if not args.smoke:
@@ -378,6 +496,8 @@ def main(argv: list[str] | None = None) -> int | None:
         return None
     files_rows = _files_table(sizes)
     screen_rows = _screen_table(sizes)
+    straggle_rows = [straggle_scale(n) for n in sizes]
+    print(table(STRAGGLE_HEADER, straggle_cells(straggle_rows)))
     rows = [run(n, 2.0 if args.smoke else args.idle) for n in sizes]
     print(table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew", "agreement (s)",
                  "agreement CPU (s)"],
@@ -385,7 +505,7 @@ def main(argv: list[str] | None = None) -> int | None:
                   f"{r['abort_known_s']:.2f}", r["never_knew"], f"{r['agreement_s']:.2f}", f"{r['agreement_cpu_s']:.1f}"] for r in rows]))
     if not args.smoke:
         save("control_plane_scale", {"idle_s": args.idle, "processes": PROCESSES, "rows": rows, "files_rows": files_rows,
-                                     "screen_rows": screen_rows, "notes": NOTES})
+                                     "screen_rows": screen_rows, "straggle_rows": straggle_rows, "notes": NOTES})
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import json
 import os
 import statistics
 
-from .common import HERE, PYTHON, RESULTS, interleaved, save, timed
+from .common import HERE, PYTHON, RESULTS, interleaved, save, table, timed
 
 
 def one_run(device: str, ranks: int, on: bool, shape: argparse.Namespace) -> dict[str, float]:
@@ -70,7 +70,10 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512, help="the 8 linear layers' width: 4 MB of parameters per layer at 1024")
     parser.add_argument("--bucket-mb", type=float, default=1.0, help="DDP's bucket size: a collective per bucket")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--smoke", action="store_true", help="one short run of each, results not saved")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats, args.steps = 1, 10
     runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     cases = {name: (lambda name=name: runs[name].append(one_run(args.device, args.ranks, name == "on", args)) or 0.0) for name in runs}
     interleaved(cases, args.repeats)
@@ -82,12 +85,18 @@ def main() -> None:
     row["step_overhead"] = row["step_on_s"] / row["step_off_s"] - 1
     row["collective_overhead_us"] = row["collective_on_us"] - row["collective_off_us"]
     row["wrapper"] = wrapper_cost()
+    print(table(["backend", "step off (ms)", "step on (ms)", "wrapper per collective (us)"],
+                [[row["backend"], f"{row['step_off_s'] * 1e3:.2f}", f"{row['step_on_s'] * 1e3:.2f}", f"{row['wrapper']['blocking_us']:.2f}"]]))
+    if args.smoke:
+        return
     path = RESULTS / "straggler_overhead.json"
-    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    rows = saved.get("rows", [])
     shape = ("device", "width", "bucket_mb", "batch")
     rows = [r for r in rows if any(r.get(k) != row[k] for k in shape)] + [row]
     print(json.dumps(row, indent=2))
-    print(save("straggler_overhead", {"rows": rows}))
+    kept = {k: v for k, v in saved.items() if k == "gpu_machine"}  # where the NCCL rows were measured, when they were
+    print(save("straggler_overhead", {**kept, "rows": rows}))
 
 
 if __name__ == "__main__":

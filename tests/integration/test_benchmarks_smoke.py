@@ -19,6 +19,7 @@ MEASURED = {
     "teardown": "median s",
     "control_plane_scale": "per node/s",
     "store_wait": "refused/s at rank 0",
+    "straggler_overhead": "step on (ms)",
 }
 
 

@@ -18,9 +18,9 @@ collectives is the signal (``guard.stragglers`` judges it). Measured where torch
   times each call from its issue to its completion (its future's callback, on gloo's thread):
   the collectives of ``torch.distributed`` (wrapped as torch loads them, ``c10dhook``: plain
   calls, FSDP2's) and, for DDP, whose C++ reducer calls gloo directly, torch's documented
-  equivalent of its built-in allreduce (``default_hooks.allreduce_hook``) as the comm hook, so
-  the reducer's collectives go through the wrapped ``all_reduce``. A hook the user registers
-  later takes its place (forwarded: the reducer accepts one registration).
+  equivalent of its built-in allreduce (``default_hooks.allreduce_hook``, its one callback also
+  noting the time) as the comm hook. A hook the user registers later takes its place (forwarded:
+  the reducer accepts one registration); its collectives are timed as plain calls.
 
 Every ``PUBLISH_S`` a thread writes this rank's running totals (``t``: monotonic now, ``inside_s``,
 ``count``, and its global ``rank``: torch's rendezvous may number the nodes) to ``<HPCTORCH_STRAGGLERS_DIR>/<local rank>.json``, a private folder of the node's,
@@ -104,6 +104,7 @@ def install() -> None:
 
 
 def _wrap(module) -> None:  # type: ignore[no-untyped-def]
+    _state["all_reduce"] = module.all_reduce
     for name in HOST_TIMED:
         if hasattr(module, name):
             setattr(module, name, _host_timed(getattr(module, name)))
@@ -261,13 +262,26 @@ def _host_reduced(ddp) -> bool:  # type: ignore[no-untyped-def]
 
 
 def _forward_hook(ddp):  # type: ignore[no-untyped-def]
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    import torch.distributed as dist
+
+    untimed = _state["all_reduce"]
 
     def hpctorch_timed_allreduce(state, bucket):  # type: ignore[no-untyped-def]
         chosen = ddp.__dict__.get("_hpctorch_hook")
-        if chosen is None:
-            return default_hooks.allreduce_hook(ddp.process_group, bucket)
-        return chosen[1](chosen[0], bucket)
+        if chosen is not None:
+            return chosen[1](chosen[0], bucket)
+        # torch's default_hooks.allreduce_hook, its one callback also noting the time: a Python
+        # callback per bucket is this path's whole cost (benchmark 9).
+        group = ddp.process_group if ddp.process_group is not None else dist.group.WORLD
+        tensor = bucket.buffer()
+        tensor.div_(group.size())
+        start = time.monotonic()
+
+        def reduced(future):  # type: ignore[no-untyped-def]
+            METER.interval(start, time.monotonic())
+            return future.value()[0]
+
+        return untimed(tensor, group=group, async_op=True).get_future().then(reduced)
 
     return hpctorch_timed_allreduce
 

@@ -246,6 +246,8 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
                 socket_held.close()
         if files is not None:
             shutil.rmtree(files[0], ignore_errors=True)
+        if alone is not None:
+            alone.stop()  # a second time after the wait: at once
         if straggle_dir:
             shutil.rmtree(straggle_dir, ignore_errors=True)
     output.drain()
