@@ -224,3 +224,49 @@ def test_a_users_comm_hook_registered_after_ddp_is_the_one_that_runs(tmp_path) -
     results = ddp_run(tmp_path, port, timed=True, user_hook=True)
     assert all(calls >= 5 and count >= calls for count, calls, _w in results), results
     assert os.environ.get("HPCTORCH_STRAGGLERS_DIR") is None  # nothing leaked into this process
+
+
+FSDP_SCRIPT = textwrap.dedent("""
+    import os, time
+    from hpctorch.guard import straggler_worker as w
+    w.install()
+    import torch, torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo", rank=int(os.environ["R"]), world_size=2, init_method="tcp://127.0.0.1:" + os.environ["PORT"])
+    model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(3)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        model(torch.randn(4, 32)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    time.sleep(0.2)
+    print("RESULT", w.METER.totals(time.monotonic())["count"], flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_fsdp2s_collectives_are_timed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """FSDP2 calls torch 2.13's all_gather_single and reduce_scatter_single: every collective of
+    torch.distributed is wrapped by its name, not from a list of the names some torch had."""
+    import socket
+
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        pytest.skip("this torch has no FSDP2 (fully_shard)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "fsdp.py"
+    script.write_text(FSDP_SCRIPT)
+    env = clean_env(PYTHONPATH=str(ROOT / "src"), PORT=str(port), OMP_NUM_THREADS="1")
+    processes = [subprocess.Popen([sys.executable, str(script)], env={**env, "R": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for r in range(2)]
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-3000:]
+        count = int(next(line for line in out.splitlines() if line.startswith("RESULT")).split()[1])
+        assert count >= 3 * 2, out  # an all-gather per layer forward, a reduce-scatter per layer backward

@@ -30,18 +30,19 @@ which the node's watchdog reads: no store traffic from a worker.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
+import re
 import threading
 import time
 
 DIR_ENV = "HPCTORCH_STRAGGLERS_DIR"
 PUBLISH_S = 5.0
-HOST_TIMED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-              "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "barrier",
-              "all_gather_object", "broadcast_object_list", "all_reduce_coalesced")
-"""torch.distributed's collectives timed on the host (nested ones, e.g. all_gather_object's
-all_gather, count once: the time inside is a union of intervals)."""
+COLLECTIVE = re.compile(r"all_\w+|reduce(_scatter\w*)?|broadcast\w*|gather\w*|scatter\w*|barrier|monitored_barrier")
+"""torch.distributed's collectives timed on the host: every public function so named, whatever the
+torch (2.13's FSDP2 calls ``all_gather_single`` and ``reduce_scatter_single``, new there). Nested
+ones (all_gather_object's all_gather) count once: the time inside is a union of intervals."""
 
 
 class Meter:
@@ -105,9 +106,10 @@ def install() -> None:
 
 def _wrap(module) -> None:  # type: ignore[no-untyped-def]
     _state["all_reduce"] = module.all_reduce
-    for name in HOST_TIMED:
-        if hasattr(module, name):
-            setattr(module, name, _host_timed(getattr(module, name)))
+    for name in getattr(module, "__all__", ()):
+        found = module.__dict__.get(name)  # never getattr: a deprecated name (reduce_op) warns when read
+        if COLLECTIVE.fullmatch(name) and inspect.isfunction(found):
+            setattr(module, name, _host_timed(found))
     init = module.init_process_group
 
     @functools.wraps(init)
