@@ -270,3 +270,26 @@ def test_fsdp2s_collectives_are_timed(tmp_path) -> None:  # type: ignore[no-unty
         assert process.returncode == 0, err[-3000:]
         count = int(next(line for line in out.splitlines() if line.startswith("RESULT")).split()[1])
         assert count >= 3 * 2, out  # an all-gather per layer forward, a reduce-scatter per layer backward
+
+
+def test_a_node_goes_on_the_bad_node_list_only_after_two_windows_on_end(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Rank 0's evaluation makes everyone wait for a while: named, not listed; a node slow for
+    two windows on end is listed, once."""
+    from hpctorch.host import badnodes
+
+    monkeypatch.setenv("HPCTORCH_BAD_NODES", str(tmp_path / "bad.jsonl"))
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    said: list[str] = []
+    watch = stragglers.Watch(plan(3), Settings(0.2, 10), str(folder), say=said.append)
+    inside = [0.0, 0.0, 0.0]
+    for t in range(0, 61, 5):
+        slow = 5 <= t <= 15 or t >= 30  # a short spell, a break, then for good
+        for local in range(3):
+            inside[local] += 5 * (0.05 if slow and local == 2 else 0.5)
+            write(folder, local, t, inside[local], t * 10)
+        watch.step(None, float(t))
+        if t == 25:
+            assert said and not (tmp_path / "bad.jsonl").exists()  # named in the spell, not listed
+    assert [entry.node for entry in badnodes.current(os.environ)] == ["cx0"]
+    assert badnodes.current(os.environ)[0].reason.startswith("straggler: rank 2 (cx0)")

@@ -8,7 +8,8 @@ record, ``hpctorch/<run id>/straggle/<node>``: one request per node per 10 s, wh
 reads all records in one ``multi_get`` and judges (``judge``, pure): a rank that spends at least
 ``threshold`` (default 0.2) less of its time inside collectives than the median of the others is
 the one they wait for. Node 0 prints one line per straggler, again at most every ``REPEAT_S``
-while it lasts, and adds a straggling node of a several-node job to the user's bad-node list. At
+while it lasts, and adds a node of a several-node job that straggled for two windows on end to the
+user's bad-node list. At
 the end every node's running totals make the closing summary's per-rank table.
 """
 
@@ -32,6 +33,9 @@ DEFAULT_THRESHOLD = 0.2
 DEFAULT_WINDOW_S = 30.0
 PUBLISH_S = 10.0
 REPEAT_S = 300.0
+LIST_AFTER_WINDOWS = 2
+"""A node goes on the bad-node list once named in every judgement for this many windows: rank 0's
+evaluation or checkpoint makes everyone wait for a while, and is no fault of its node."""
 MIN_COLLECTIVES = 3
 """Collectives a rank must have finished in a window to be judged (a rank that only started)."""
 SHOWN_RANKS = 16
@@ -208,6 +212,8 @@ class Watch:
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.prefix = f"hpctorch/{plan.run_id}/straggle/"
         self.said: dict[str, float] = {}
+        self.since: dict[str, float] = {}
+        """When each straggler named in the last judgement was first named without a break."""
         self.listed: set[str] = set()
         self.requests = 0
         self._all_published = False
@@ -232,10 +238,12 @@ class Watch:
                 return []
             records = self._read_all(store)
         found = judge({n: {int(k): v for k, v in r.get("w", {}).items()} for n, r in records.items()}, self.plan, self.settings.threshold)
+        self.since = {s.key: self.since.get(s.key, now) for s in found}
         for straggler in found:
             if now - self.said.get(straggler.key, -REPEAT_S) >= REPEAT_S:
                 self.said[straggler.key] = now
                 self.say(straggler.line())
+            if now - self.since[straggler.key] >= LIST_AFTER_WINDOWS * self.settings.window_s:
                 self._list(straggler)
         return found
 
@@ -256,8 +264,8 @@ class Watch:
         return records
 
     def _list(self, straggler: Straggler) -> None:
-        """A straggling node of a several-node job goes to the user's bad-node list, once (never
-        a simulated one: they are all this machine)."""
+        """A node that straggled for ``LIST_AFTER_WINDOWS`` windows in a several-node job goes to
+        the user's bad-node list, once (never a simulated one: they are all this machine)."""
         if self.plan.nnodes < 2 or self.plan.simulated or not self.plan.nodes or straggler.node in self.listed:
             return
         self.listed.add(straggler.node)
