@@ -62,6 +62,7 @@ def test_the_throttled_node_is_named_and_listed(cluster: Cluster, job_dir: Path,
     lines = straggler_lines(output)
     assert lines, output[-3000:]
     assert all(f"({throttled_cpu})" in line for line in lines), lines
+    assert "its CPU quota held it back in" in lines[0], lines  # the cause, from its cgroup's cpu.stat
     rows = {row["node"]: row for row in summary["ranks"]}
     assert set(rows) == {"node1", "node2", "node3"}
     assert rows[throttled_cpu]["inside_share"] == min(row["inside_share"] for row in rows.values()), rows

@@ -293,3 +293,33 @@ def test_a_node_goes_on_the_bad_node_list_only_after_two_windows_on_end(tmp_path
             assert said and not (tmp_path / "bad.jsonl").exists()  # named in the spell, not listed
     assert [entry.node for entry in badnodes.current(os.environ)] == ["cx0"]
     assert badnodes.current(os.environ)[0].reason.startswith("straggler: rank 2 (cx0)")
+
+
+def test_a_node_held_back_by_its_cpu_quota_is_named_while_the_others_wait() -> None:
+    """Frozen inside collectives as much as outside, its share looks like everyone's: its
+    cgroup's throttled periods name it."""
+    values = shares((0.89, 900), (0.89, 900), (0.86, 880))
+    assert judge(values, plan(3), 0.2) == []
+    found = judge(values, plan(3), 0.2, {2: 0.93, 0: 0.0})
+    assert [f.line() for f in found] == ["hpctorch: straggler: node cx2 (rank 2): its CPU quota held it back in 93% of the scheduler's "
+                                         "periods (cgroup cpu.stat), while the others spend 89% of their time inside collectives"]
+    assert judge(values, plan(3), 0.2, {2: 0.3}) == []  # a quota that rarely bites
+    assert judge(shares((0.05, 900), (0.05, 900), (0.04, 900)), plan(3), 0.2, {2: 0.93}) == []  # nobody waits
+    assert judge(values, plan(3), 0.2, {0: 0.9, 1: 0.9, 2: 0.9}) == []  # every node under the same quota
+    slow = judge(shares((0.5, 90), (0.5, 90), (0.02, 90)), plan(3), 0.2, {2: 0.8})
+    assert len(slow) == 1 and slow[0].line().endswith("; its CPU quota held it back in 80% of the scheduler's periods (cgroup cpu.stat)")
+
+
+def test_cpu_stat_is_found_for_a_process_and_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from hpctorch.host import cgroups
+
+    path = cgroups.cpu_stat_path(os.getpid())
+    if path is None:
+        pytest.skip("no cgroup cpu.stat readable here")
+    counters = cgroups.periods(path)
+    assert counters is not None and counters[0] >= counters[1] >= 0
+    fake = tmp_path / "cpu.stat"
+    fake.write_text("nr_periods 100\nnr_throttled 40\nthrottled_usec 123\n")
+    assert cgroups.periods(str(fake)) == (100, 40)
+    fake.write_text("usage_usec 5\n")  # a v2 group without a quota's counters
+    assert cgroups.periods(str(fake)) is None

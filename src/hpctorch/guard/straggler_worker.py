@@ -23,7 +23,8 @@ collectives is the signal (``guard.stragglers`` judges it). Measured where torch
   the reducer accepts one registration); its collectives are timed as plain calls.
 
 Every ``PUBLISH_S`` a thread writes this rank's running totals (``t``: monotonic now, ``inside_s``,
-``count``, and its global ``rank``: torch's rendezvous may number the nodes) to ``<HPCTORCH_STRAGGLERS_DIR>/<local rank>.json``, a private folder of the node's,
+``count``, its global ``rank``: torch's rendezvous may number the nodes, and its ``pid``: the node
+reads its cgroup's CPU throttling) to ``<HPCTORCH_STRAGGLERS_DIR>/<local rank>.json``, a private folder of the node's,
 which the node's watchdog reads: no store traffic from a worker.
 """
 
@@ -77,7 +78,7 @@ class Meter:
             cut, self._cut = self._cut, now
             count = self.count
         self.inside_s += device + merged_length(intervals, cut)
-        return {"t": now, "inside_s": self.inside_s, "count": count, "rank": int(os.environ.get("RANK", "0") or 0)}
+        return {"t": now, "inside_s": self.inside_s, "count": count, "rank": int(os.environ.get("RANK", "0") or 0), "pid": os.getpid()}
 
 
 def merged_length(intervals: list[tuple[float, float]], since: float) -> float:

@@ -7,7 +7,9 @@ share of the last ``window_s`` each rank spent inside collectives, and sets that
 record, ``hpctorch/<run id>/straggle/<node>``: one request per node per 10 s, whatever N. Node 0
 reads all records in one ``multi_get`` and judges (``judge``, pure): a rank that spends at least
 ``threshold`` (default 0.2) less of its time inside collectives than the median of the others is
-the one they wait for. Node 0 prints one line per straggler, again at most every ``REPEAT_S``
+the one they wait for; so is a node whose CPU quota held its ranks back in half of the
+scheduler's periods (its workers' cgroup ``cpu.stat``) while the others wait: frozen inside a
+collective it slows everyone alike, and no time share shows it. Node 0 prints one line per straggler, again at most every ``REPEAT_S``
 while it lasts, and adds a node of a several-node job that straggled for two windows on end to the
 user's bad-node list. At
 the end every node's running totals make the closing summary's per-rank table.
@@ -23,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import HpctorchError
 from ..plan.types import Plan
@@ -36,6 +38,11 @@ REPEAT_S = 300.0
 LIST_AFTER_WINDOWS = 2
 """A node goes on the bad-node list once named in every judgement for this many windows: rank 0's
 evaluation or checkpoint makes everyone wait for a while, and is no fault of its node."""
+THROTTLED_AT = 0.5
+"""A node whose CPU quota held its ranks back in at least this share of the scheduler's periods
+(cgroup ``cpu.stat``) is named while the others wait: frozen inside a collective it slows everyone
+alike, and its share of time inside collectives alone would not show it."""
+MIN_PERIODS = 20
 MIN_COLLECTIVES = 3
 """Collectives a rank must have finished in a window to be judged (a rank that only started)."""
 SHOWN_RANKS = 16
@@ -83,33 +90,67 @@ class Straggler:
     others_wait: float
     """The share of the others' time spent waiting for it: the median share inside collectives minus its own."""
     whole_node: bool
+    throttled: float | None = None
+    """The share of the scheduler's periods in which its CPU quota held it back, where one did."""
 
     @property
     def key(self) -> str:
         return self.node if self.whole_node else f"rank {self.ranks[0]}"
 
     def line(self) -> str:
-        who = (f"node {self.node} (ranks {_ranks(self.ranks)})" if self.whole_node else f"rank {self.ranks[0]} ({self.node})")
+        who = (f"node {self.node} ({_ranks(self.ranks)})" if self.whole_node else f"rank {self.ranks[0]} ({self.node})")
+        quota = (f"its CPU quota held it back in {self.throttled:.0%} of the scheduler's periods (cgroup cpu.stat)"
+                 if self.throttled is not None else "")
+        if self.compute_ratio <= 0:  # named for its quota alone
+            return f"hpctorch: straggler: {who}: {quota}, while the others spend {self.others_wait:.0%} of their time inside collectives"
         return (f"hpctorch: straggler: {who} computes {self.compute_ratio:.1f}x the median step "
-                f"(others wait {self.others_wait:.0%} of each step for it)")
+                f"(others wait {self.others_wait:.0%} of each step for it)" + (f"; {quota}" if quota else ""))
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if list(ranks) == list(range(ranks[0], ranks[-1] + 1)) else ",".join(map(str, ranks))
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + (f"{ranks[0]}-{ranks[-1]}" if list(ranks) == list(range(ranks[0], ranks[-1] + 1)) else ",".join(map(str, ranks)))
 
 
 def node_name(plan: Plan, node: int) -> str:
     return plan.nodes[node] if plan.nodes and node < len(plan.nodes) else f"node {node}"
 
 
-def judge(shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan, threshold: float) -> list[Straggler]:
+def judge(shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan, threshold: float,
+          throttled: Mapping[int, float] | None = None) -> list[Straggler]:
     """``shares[node][rank] = (share of the window inside collectives, collectives)``. A rank
     whose share is at least ``threshold`` below the median of the others' is a straggler, when
     it ran about as many collectives as the median rank (else it is doing other work, not
-    comparable) and at most half the ranks are: the others must be the waiting majority."""
+    comparable) and at most half the ranks are: the others must be the waiting majority.
+    ``throttled[node]``: the share of periods its CPU quota held it back; at ``THROTTLED_AT`` or
+    more, while the other nodes' ranks spend ``threshold`` of their time inside collectives, the
+    node is named for it (on its line if it straggles anyway)."""
     measured = [(node, int(rank), float(v[0]), float(v[1])) for node, ranks in shares.items() for rank, v in ranks.items()]
     if len(measured) < 2:
         return []
+    found = _by_share(measured, shares, plan, threshold)
+    throttled = {n: t for n, t in (throttled or {}).items() if t >= THROTTLED_AT and n in shares}
+    if not throttled or len(throttled) * 2 > len(shares):
+        return found
+    named = {s.node: i for i, s in enumerate(found)}
+    for node, share in sorted(throttled.items()):
+        others = [v for n, _r, v, _c in measured if n not in throttled]
+        waiting = statistics.median(others) if others else 0.0
+        if waiting < threshold:
+            continue  # nobody waits: a quota that does not hold the job back
+        if node_name(plan, node) in named:
+            index = named[node_name(plan, node)]
+            found[index] = replace(found[index], throttled=share)
+            continue
+        ranks = tuple(sorted(int(r) for r in shares[node]))
+        found.append(Straggler(ranks, node_name(plan, node), 0.0, waiting, True, share))
+    return found
+
+
+def _by_share(measured: list[tuple[int, int, float, float]], shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan,
+              threshold: float) -> list[Straggler]:
+    """The ranks whose share inside collectives is ``threshold`` below the others'."""
     ordered = sorted(share for *_, share, _n in measured)
     usual = statistics.median(count for *_, count in measured)
     slow = []
@@ -154,6 +195,9 @@ class NodeWindow:
         """Per local rank (its file), the samples of about the last window."""
         self.first: dict[int, tuple[float, float, float]] = {}
         self.rank: dict[int, int] = {}
+        self.cgroups: dict[str, deque[tuple[float, int, int]]] = {}
+        """Per cpu.stat of this node's workers: (monotonic time, periods, throttled periods)."""
+        self._stat_of: dict[int, str | None] = {}
 
     def read(self) -> None:
         try:
@@ -169,6 +213,7 @@ class NodeWindow:
                     data = json.load(source)
                 sample = (float(data["t"]), float(data["inside_s"]), float(data["count"]))
                 rank = int(data["rank"])
+                self._note_cgroup(int(data.get("pid") or 0))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # being replaced, or not ours to understand
             seen = self.history.setdefault(int(local), deque())
@@ -181,6 +226,33 @@ class NodeWindow:
                 self.rank[int(local)] = rank
             while len(seen) > 2 and seen[1][0] <= sample[0] - self.window_s:
                 seen.popleft()  # keep one sample at least a window old
+
+    def _note_cgroup(self, pid: int) -> None:
+        if pid and pid not in self._stat_of:
+            from ..host.cgroups import cpu_stat_path
+
+            self._stat_of[pid] = path = cpu_stat_path(pid)
+            if path:
+                self.cgroups.setdefault(path, deque())
+
+    def sample_cgroups(self, now: float) -> None:
+        from ..host.cgroups import periods
+
+        for path, seen in self.cgroups.items():
+            counters = periods(path)
+            if counters is not None:
+                seen.append((now, *counters))
+                while len(seen) > 2 and seen[1][0] <= now - self.window_s:
+                    seen.popleft()
+
+    def throttled(self) -> float | None:
+        """The largest share of periods in which a quota held this node's workers back, over
+        about the last window; None without a quota that counted enough periods."""
+        shares = []
+        for seen in self.cgroups.values():
+            if len(seen) >= 2 and seen[-1][1] - seen[0][1] >= MIN_PERIODS:
+                shares.append((seen[-1][2] - seen[0][2]) / (seen[-1][1] - seen[0][1]))
+        return round(max(shares), 3) if shares else None
 
     def shares(self) -> dict[int, list[float]]:
         """Per rank: [share inside collectives, collectives], over about the last window."""
@@ -228,7 +300,11 @@ class Watch:
 
     def step(self, store, now: float) -> list[Straggler]:  # type: ignore[no-untyped-def]
         self.window.read()
-        record = {"w": self.window.shares(), "all": self.window.totals()}
+        self.window.sample_cgroups(now)
+        record: dict = {"w": self.window.shares(), "all": self.window.totals()}
+        throttled = self.window.throttled()
+        if throttled is not None:
+            record["thr"] = throttled
         if store is None:
             records = {0: record}
         else:
@@ -237,7 +313,8 @@ class Watch:
             if not self.plan.is_master:
                 return []
             records = self._read_all(store)
-        found = judge({n: {int(k): v for k, v in r.get("w", {}).items()} for n, r in records.items()}, self.plan, self.settings.threshold)
+        found = judge({n: {int(k): v for k, v in r.get("w", {}).items()} for n, r in records.items()}, self.plan, self.settings.threshold,
+                      {n: float(r["thr"]) for n, r in records.items() if r.get("thr") is not None})
         self.since = {s.key: self.since.get(s.key, now) for s in found}
         for straggler in found:
             if now - self.said.get(straggler.key, -REPEAT_S) >= REPEAT_S:
