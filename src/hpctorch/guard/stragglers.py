@@ -9,10 +9,10 @@ reads all records in one ``multi_get`` and judges (``judge``, pure): a rank that
 ``threshold`` (default 0.2) less of its time inside collectives than the median of the others is
 the one they wait for; so is a node whose CPU quota held its ranks back in half of the
 scheduler's periods (its workers' cgroup ``cpu.stat``) while the others wait: frozen inside a
-collective it slows everyone alike, and no time share shows it. Node 0 prints one line per straggler, again at most every ``REPEAT_S``
-while it lasts, and adds a node of a several-node job that straggled for two windows on end to the
-user's bad-node list. At
-the end every node's running totals make the closing summary's per-rank table.
+collective it slows everyone alike, and no time share shows it. Node 0 prints one line per
+straggler, again at most every ``REPEAT_S`` while it lasts, and adds a node of a several-node
+job that straggled for two windows on end to the user's bad-node list. At the end every node's
+running totals make the closing summary's per-rank table.
 """
 
 from __future__ import annotations
