@@ -354,6 +354,7 @@ def straggle_scale(nnodes: int) -> dict[str, float]:
     port = free_port()
     served = CountingStore(_store(port, True))
     with tempfile.TemporaryDirectory(prefix="hpctorch-bench-straggle-") as root:
+        os.environ["HPCTORCH_BAD_NODES"] = os.path.join(root, "bad-nodes.jsonl")  # the named nodes are simulated: never the user's list
         watch, folder = _straggle_watch(0, nnodes, port, root)
         watch.announce(served)
         processes = min(PROCESSES, nnodes - 1)

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ import pytest
 from .environment import clean_env  # noqa: F401 - the tests import it from here
 
 ROOT = Path(__file__).resolve().parent.parent
+# A job the tests start may name a bad node (the screen, a straggler, a SIGBUS): never in the user's
+# own list, which their next 'hpctorch submit' would read.
+os.environ.setdefault("HPCTORCH_BAD_NODES", os.path.join(tempfile.mkdtemp(prefix="hpctorch-tests-"), "bad-nodes.jsonl"))
 EXAMPLES = ROOT / "examples"
 STRICT = os.environ.get("HPCTORCH_REQUIRE_CLUSTER") == "1"
 

@@ -81,6 +81,7 @@ class Cluster:
         self.names = [f"node{i}" for i in range(1, nodes + 1)]
         self.all_names = [f"node{i}" for i in range(1, nodes + extra + 1)]
         self.conf = self.dir / "slurm.conf"
+        self._lists = 0
 
     # ---- using the nodes -------------------------------------------------
     def netns(self, node: str) -> str:
@@ -101,6 +102,10 @@ class Cluster:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "HPCTORCH_"))}
         env["SLURM_CONF"] = str(self.conf)
+        # Each command's jobs keep their own bad-node list (unless the test names one): a node one
+        # job named (a straggler, a screen) must not leave the next test's job without nodes.
+        self._lists += 1
+        env["HPCTORCH_BAD_NODES"] = str(self.dir / f"bad-nodes-{self._lists}.jsonl")
         env.update(extra)
         return env
 
