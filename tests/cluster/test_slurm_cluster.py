@@ -290,3 +290,20 @@ def test_a_requeued_job_leaves_the_bad_nodes_out(cluster: Cluster, job_dir: Path
         assert "requeued; bad nodes left out: node2" in out.read_text(), out.read_text()[-2000:]
     finally:
         subprocess.run(["scancel", job_id], env=cluster.env(), timeout=30, check=False)
+
+
+def test_submit_leaves_out_only_the_bad_nodes_slurm_has(cluster: Cluster, job_dir: Path) -> None:
+    """A bad-node list on a home shared by several clusters holds other clusters' nodes; Slurm
+    refuses a job whose --exclude names a node it does not have ("Invalid node name specified")."""
+    listed = job_dir / "bad-nodes.jsonl"
+    added = cluster.run("node1", [*HPCTORCH, "badnodes", "add", "nid99999,node2", "--reason", "test"], HPCTORCH_BAD_NODES=str(listed))
+    assert added.returncode == 0, added.stderr
+    script = job_dir / "job.sh"
+    written = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *HPCTORCH, "submit", "--scheduler", "slurm",
+                                    "--nodes", "1", "--time", "5", "--dry-run", TOY], HPCTORCH_BAD_NODES=str(listed))
+    assert written.returncode == 0, written.stderr
+    assert "--exclude=node2" in written.stdout and "nid99999" not in written.stdout, written.stdout
+    assert "1 more on the list are not slurm's nodes here" in written.stderr, written.stderr
+    script.write_text(written.stdout)
+    checked = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "sbatch", "--test-only", str(script)], timeout=30)
+    assert checked.returncode == 0 and "to start at" in checked.stderr, checked.stderr

@@ -293,13 +293,19 @@ def _submit(args: argparse.Namespace) -> int:
         preempt=jobscript.parse_signal(args.preempt_signal) if args.preempt_signal else None,
         requeue=args.requeue,
         extra=tuple(args.extra),
-        exclude=tuple(badnodes.names(os.environ)),
+        exclude=(),
     )
+    listed = badnodes.names(os.environ)
+    known = jobscript.known_nodes(scheduler) if listed else None
+    request = replace(request, exclude=tuple(n for n in listed if known is None or n in known))
+    foreign = f"; {len(listed) - len(request.exclude)} more on the list are not {scheduler}'s nodes here" if len(request.exclude) < len(listed) else ""
     if request.exclude:
         how = jobscript.EXCLUDES.get(scheduler)
         shown = f"{hostlist.display(list(request.exclude))} (hpctorch badnodes list)"
-        print(f"hpctorch submit: leaving out {len(request.exclude)} bad node(s) with {how}: {shown}" if how else
+        print(f"hpctorch submit: leaving out {len(request.exclude)} bad node(s) with {how}: {shown}{foreign}" if how else
               f"hpctorch submit: {scheduler} has no option to leave nodes out: {shown} not excluded", file=sys.stderr)
+    elif foreign:
+        print(f"hpctorch submit: none of the {len(listed)} bad node(s) on the list are {scheduler}'s nodes here", file=sys.stderr)
     template = None
     if args.template:
         try:

@@ -229,6 +229,25 @@ def default_scheduler() -> str:
     raise HpctorchError("no scheduler's submit command (sbatch, qsub, bsub, flux) is on PATH", "pass --scheduler and --dry-run to write the script")
 
 
+KNOWN_NODES = {"slurm": ["sinfo", "--noheader", "--Node", "--format=%N"]}
+"""The scheduler's own list of its nodes, one per line: Slurm refuses a job whose --exclude names
+a node it does not have ("Invalid node name specified"), and a bad-node list on a home shared by
+several clusters, or one naming a node since retired, holds such names."""
+
+
+def known_nodes(scheduler: str, timeout_s: float = 10) -> set[str] | None:
+    """The nodes the scheduler has, or None where it cannot say (no command, no answer)."""
+    command = KNOWN_NODES.get(scheduler)
+    if command is None:
+        return None
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = {line.strip() for line in done.stdout.splitlines() if line.strip()}
+    return names if done.returncode == 0 and names else None
+
+
 def submit(script_path: str, scheduler: str, timeout_s: float = 60) -> str:
     """Submit with the scheduler's own command; returns the job id."""
     command = SUBMIT_COMMANDS[scheduler]
