@@ -43,3 +43,12 @@ def test_a_node_that_cannot_plan_says_why() -> None:
     assert done.returncode == 1
     assert "cannot plan the job" in done.stderr and "nosuch0" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_json_to_stdout_is_json_alone() -> None:
+    """--json - is for a program: stdout holds the report and nothing else, the table goes to stderr."""
+    done = hpctorch("doctor", "--json", "-", "--timeout", "40", env=clean_env(), timeout=90)  # hang guard
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["nnodes"] == 1 and report["exit"] == 0
+    assert "hpctorch doctor: 1 node(s)" in done.stderr

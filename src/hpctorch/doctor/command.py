@@ -262,7 +262,8 @@ def examine(plan: Plan, env: Mapping[str, str], timeout_s: float, json_path: str
         reports, _ = meeting.gather("report", final)
         reports = {n: r for n, r in reports.items() if r}
         found = diagnosis.verdicts(reports, plan.nnodes, plan.nodes)
-        print(printable(diagnosis.table(reports, plan.nnodes, found)), flush=True)
+        # With --json - the JSON alone goes to stdout (a program reads it), the table to stderr.
+        print(printable(diagnosis.table(reports, plan.nnodes, found)), file=sys.stderr if json_path == "-" else sys.stdout, flush=True)
         code = 1 if any(v.severity == "fail" for v in found) else 0
         if json_path:
             _write_json(json_path, {"nnodes": plan.nnodes, "reports": reports, "verdicts": [v.__dict__ for v in found], "exit": code})
