@@ -36,6 +36,7 @@ TRAIN = textwrap.dedent("""
             dist.broadcast(stop, 0)
     print(f"trained {step} steps on {os.uname().nodename}", flush=True)
     dist.destroy_process_group()
+    os._exit(0)  # not torch's exit-time teardown, which can abort a plain DDP script (examples/toy_ddp.py)
 """)
 
 
@@ -79,3 +80,18 @@ def test_a_balanced_cluster_names_nobody(cluster: Cluster, job_dir: Path, starte
     assert sorted(row["node"] for row in summary["ranks"]) == ["node1", "node2", "node3"], summary
     assert all(row["collectives"] > 100 for row in summary["ranks"]), summary["ranks"]
     assert not (job_dir / "bad-nodes.jsonl").exists()
+
+
+def test_per_task_the_throttled_node_is_named_by_rank_0(cluster: Cluster, job_dir: Path, throttled_cpu: str) -> None:
+    """srun starting every rank (hpctorch's per-task mode: no hpctorch process beside the ranks):
+    each node's local rank 0 is its node's side of the watch, through the job's own store, and
+    rank 0 names the node, by the name its record gave."""
+    (job_dir / "train.py").write_text(TRAIN)
+    script = job_dir / "job.sh"
+    script.write_text(f"#!/bin/sh\nexport HPCTORCH_BAD_NODES={job_dir / 'bad-nodes.jsonl'}\n{ONE_THREAD}"
+                      f"srun {PYTHON} -m hpctorch run {job_dir / 'train.py'} 60\n")
+    state, output = cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=2", timeout=300)
+    assert state == "COMPLETED", output[-3000:]
+    lines = straggler_lines(output)
+    assert lines and all(throttled_cpu in line for line in lines), output[-3000:]
+    print("\n".join(lines))

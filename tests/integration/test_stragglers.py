@@ -17,7 +17,7 @@ from ..conftest import clean_env, hpctorch, unprefixed
 pytest.importorskip("torch")
 
 TRAIN = textwrap.dedent("""
-    import os, time, torch, torch.distributed as dist
+    import os, sys, time, torch, torch.distributed as dist
     dist.init_process_group("gloo")
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)]),
                                                       bucket_cap_mb=0.1)
@@ -30,6 +30,8 @@ TRAIN = textwrap.dedent("""
         optimizer.step()
         optimizer.zero_grad()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # not torch's exit-time teardown, which can abort a plain DDP script (examples/toy_ddp.py)
 """)
 
 

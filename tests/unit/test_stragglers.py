@@ -181,6 +181,7 @@ DDP_SCRIPT = textwrap.dedent("""
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     print("RESULT", totals["count"], len(calls), weights.sum().item(), flush=True)
     dist.destroy_process_group()
+    os._exit(0)  # not torch's exit-time teardown, which can abort a plain DDP script too ("terminate called...")
 """)
 
 
@@ -245,6 +246,7 @@ FSDP_SCRIPT = textwrap.dedent("""
     time.sleep(0.2)
     print("RESULT", w.METER.totals(time.monotonic())["count"], flush=True)
     dist.destroy_process_group()
+    os._exit(0)  # not torch's exit-time teardown (see DDP_SCRIPT)
 """)
 
 
@@ -323,3 +325,11 @@ def test_cpu_stat_is_found_for_a_process_and_read(tmp_path) -> None:  # type: ig
     assert cgroups.periods(str(fake)) == (100, 40)
     fake.write_text("usage_usec 5\n")  # a v2 group without a quota's counters
     assert cgroups.periods(str(fake)) is None
+
+
+def test_per_task_a_node_is_named_by_the_name_its_record_gave() -> None:
+    task = stragglers.plan_of_task(stragglers.per_task_spec(plan(3)))
+    assert (task.nnodes, task.node_rank, task.run_id, task.nodes) == (3, 0, "r", ())
+    found = judge(shares((0.45, 100), (0.41, 100), (0.03, 100)), task, 0.2, hosts={2: "nid00042"})
+    assert [f.node for f in found] == ["nid00042"]
+    assert judge(shares((0.45, 100), (0.41, 100), (0.03, 100)), task, 0.2)[0].node == "node 2"  # no name: never listed

@@ -196,8 +196,8 @@ def _run(args: argparse.Namespace) -> int:
             raise HpctorchError(f"--stall-timeout needs hpctorch's per-node agent, and this is a {plan.mode} run "
                                 f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
                                 "start one hpctorch per node (e.g. srun --ntasks-per-node=1), or run 'hpctorch stacks' on the nodes when the job hangs")
-        if args.stragglers == "warn":
-            print(f"hpctorch: --stragglers needs hpctorch's per-node agent, and this is a {plan.mode} run: the job runs without it",
+        if args.stragglers == "warn" and plan.mode == "unchanged":
+            print(f"hpctorch: --stragglers needs hpctorch to start the ranks, and this is a {plan.mode} run: the job runs without it",
                   file=sys.stderr, flush=True)
         screening.check_per_task(args, plan)
         if args.screen or args.spare_nodes:

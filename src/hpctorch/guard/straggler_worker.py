@@ -166,6 +166,8 @@ def _started(module) -> None:  # type: ignore[no-untyped-def]
         path = os.path.join(directory, f"{os.environ.get('LOCAL_RANK', '0')}.json")
         threading.Thread(target=_publish_loop, args=(path,), name="hpctorch-stragglers", daemon=True).start()
         atexit.register(_publish, path)  # the last seconds too, for the closing summary
+        if os.environ.get("HPCTORCH_STRAGGLERS_NODE"):  # per task: this rank is its node's side of the watch
+            threading.Thread(target=_node_loop, args=(module, directory), name="hpctorch-stragglers-node", daemon=True).start()
 
 
 def _device_recorder(module):  # type: ignore[no-untyped-def]
@@ -287,6 +289,35 @@ def _forward_hook(ddp):  # type: ignore[no-untyped-def]
         return untimed(tensor, group=group, async_op=True).get_future().then(reduced)
 
     return hpctorch_timed_allreduce
+
+
+def _node_loop(module, directory: str) -> None:  # type: ignore[no-untyped-def]
+    """Per task, in each node's local rank 0: what a node's watchdog does per node (its ranks'
+    files into one record, node 0 judging all), through the job's own store (torch's default
+    group's, which rank 0 serves; one node needs none): there is no hpctorch process beside the
+    ranks. A line is this rank's output; per task there is no closing summary."""
+    from .stragglers import Settings, Watch, plan_of_task
+
+    try:
+        settings = Settings.from_env(os.environ)
+        plan = plan_of_task(os.environ["HPCTORCH_STRAGGLERS_NODE"])
+        store = module._get_default_store() if plan.nnodes > 1 else None  # one node: judged here, no store
+    except Exception:  # noqa: BLE001 - no watch rather than a failing rank
+        return
+    if settings is None:
+        return
+    watch = Watch(plan, settings, directory)
+    try:
+        if store is not None:
+            watch.announce(store)
+    except Exception:  # noqa: BLE001 - the store went away: the job is ending
+        return
+    while True:
+        time.sleep(settings.publish_s)
+        try:
+            watch.step(store, time.monotonic())
+        except Exception:  # noqa: BLE001 - the store went away (rank 0 ended): the job is ending
+            return
 
 
 def _publish_loop(path: str) -> None:

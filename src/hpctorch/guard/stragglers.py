@@ -113,12 +113,15 @@ def _ranks(ranks: Sequence[int]) -> str:
     return "ranks " + (f"{ranks[0]}-{ranks[-1]}" if list(ranks) == list(range(ranks[0], ranks[-1] + 1)) else ",".join(map(str, ranks)))
 
 
-def node_name(plan: Plan, node: int) -> str:
-    return plan.nodes[node] if plan.nodes and node < len(plan.nodes) else f"node {node}"
+def node_name(plan: Plan, node: int, hosts: Mapping[int, str] | None = None) -> str:
+    """The node's name: the plan's, else the one its record gave (per task), else its number."""
+    if plan.nodes and node < len(plan.nodes):
+        return plan.nodes[node]
+    return (hosts or {}).get(node) or f"node {node}"
 
 
 def judge(shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan, threshold: float,
-          throttled: Mapping[int, float] | None = None) -> list[Straggler]:
+          throttled: Mapping[int, float] | None = None, hosts: Mapping[int, str] | None = None) -> list[Straggler]:
     """``shares[node][rank] = (share of the window inside collectives, collectives)``. A rank
     whose share is at least ``threshold`` below the median of the others' is a straggler, when
     it ran about as many collectives as the median rank (else it is doing other work, not
@@ -129,27 +132,28 @@ def judge(shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan, thres
     measured = [(node, int(rank), float(v[0]), float(v[1])) for node, ranks in shares.items() for rank, v in ranks.items()]
     if len(measured) < 2:
         return []
-    found = _by_share(measured, shares, plan, threshold)
+    found = _by_share(measured, shares, plan, threshold, hosts)
     throttled = {n: t for n, t in (throttled or {}).items() if t >= THROTTLED_AT and n in shares}
     if not throttled or len(throttled) * 2 > len(shares):
         return found
     named = {s.node: i for i, s in enumerate(found)}
     for node, share in sorted(throttled.items()):
+        name = node_name(plan, node, hosts)
         others = [v for n, _r, v, _c in measured if n not in throttled]
         waiting = statistics.median(others) if others else 0.0
         if waiting < threshold:
             continue  # nobody waits: a quota that does not hold the job back
-        if node_name(plan, node) in named:
-            index = named[node_name(plan, node)]
+        if name in named:
+            index = named[name]
             found[index] = replace(found[index], throttled=share)
             continue
         ranks = tuple(sorted(int(r) for r in shares[node]))
-        found.append(Straggler(ranks, node_name(plan, node), 0.0, waiting, True, share))
+        found.append(Straggler(ranks, name, 0.0, waiting, True, share))
     return found
 
 
 def _by_share(measured: list[tuple[int, int, float, float]], shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan,
-              threshold: float) -> list[Straggler]:
+              threshold: float, hosts: Mapping[int, str] | None = None) -> list[Straggler]:
     """The ranks whose share inside collectives is ``threshold`` below the others'."""
     ordered = sorted(share for *_, share, _n in measured)
     usual = statistics.median(count for *_, count in measured)
@@ -167,7 +171,7 @@ def _by_share(measured: list[tuple[int, int, float, float]], shares: Mapping[int
         for group in [mine] if whole else [[one] for one in mine]:
             _rank, share, others = min(group, key=lambda one: one[1])
             ratio = (1.0 - share) / max(1.0 - others, 0.01)
-            found.append(Straggler(tuple(rank for rank, *_ in group), node_name(plan, node), ratio, others - share, whole))
+            found.append(Straggler(tuple(rank for rank, *_ in group), node_name(plan, node, hosts), ratio, others - share, whole))
     return found
 
 
@@ -283,6 +287,7 @@ class Watch:
         self.window = NodeWindow(directory, settings.window_s)
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.prefix = f"hpctorch/{plan.run_id}/straggle/"
+        self.host = node_name(plan, plan.node_rank) if plan.nodes else _hostname()
         self.said: dict[str, float] = {}
         self.since: dict[str, float] = {}
         """When each straggler named in the last judgement was first named without a break."""
@@ -301,7 +306,7 @@ class Watch:
     def step(self, store, now: float) -> list[Straggler]:  # type: ignore[no-untyped-def]
         self.window.read()
         self.window.sample_cgroups(now)
-        record: dict = {"w": self.window.shares(), "all": self.window.totals()}
+        record: dict = {"w": self.window.shares(), "all": self.window.totals(), "h": self.host}
         throttled = self.window.throttled()
         if throttled is not None:
             record["thr"] = throttled
@@ -314,7 +319,8 @@ class Watch:
                 return []
             records = self._read_all(store)
         found = judge({n: {int(k): v for k, v in r.get("w", {}).items()} for n, r in records.items()}, self.plan, self.settings.threshold,
-                      {n: float(r["thr"]) for n, r in records.items() if r.get("thr") is not None})
+                      {n: float(r["thr"]) for n, r in records.items() if r.get("thr") is not None},
+                      {n: str(r["h"]) for n, r in records.items() if r.get("h")})
         self.since = {s.key: self.since.get(s.key, now) for s in found}
         for straggler in found:
             if now - self.said.get(straggler.key, -REPEAT_S) >= REPEAT_S:
@@ -343,7 +349,7 @@ class Watch:
     def _list(self, straggler: Straggler) -> None:
         """A node that straggled for ``LIST_AFTER_WINDOWS`` windows in a several-node job goes to
         the user's bad-node list, once (never a simulated one: they are all this machine)."""
-        if self.plan.nnodes < 2 or self.plan.simulated or not self.plan.nodes or straggler.node in self.listed:
+        if self.plan.nnodes < 2 or self.plan.simulated or straggler.node.startswith("node ") or straggler.node in self.listed:
             return
         self.listed.add(straggler.node)
         from ..host import badnodes
@@ -392,6 +398,33 @@ class Alone:
         self._stop.set()
         self._thread.join(timeout=5)
         return {"stragglers": self.watch.local_final()}
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+PER_TASK_ENV = "HPCTORCH_STRAGGLERS_NODE"
+"""Per task (the launcher started every rank, no hpctorch process beside them): in each node's
+local rank 0, what it needs to be its node's side of the watch, through the job's own store."""
+
+
+def per_task_spec(plan: Plan) -> str:
+    """``PER_TASK_ENV``'s value: a few numbers, never the node list (an environment variable
+    holds 128 KiB at most; the records carry each node's name)."""
+    return json.dumps({"run_id": plan.run_id, "node_rank": plan.node_rank, "nnodes": plan.nnodes, "job_id": plan.job_id,
+                       "scheduler": plan.scheduler})
+
+
+def plan_of_task(spec: str) -> Plan:
+    """The little of a Plan the watch reads, from ``per_task_spec``."""
+    data = json.loads(spec)
+    return Plan(mode="per-task", scheduler=str(data.get("scheduler") or ""), job_id=data.get("job_id"), nodes=(),
+                node_rank=int(data["node_rank"]), nproc_per_node=(1,) * int(data["nnodes"]), master_addr=None, master_port=0,
+                rdzv_backend="static", rdzv_timeout=0, run_id=str(data["run_id"]), iface=None, simulated=False, max_restarts=0,
+                workers=(), common_env={})
 
 
 def for_node(plan: Plan, directory: str | None, env: Mapping[str, str]) -> Watch | None:

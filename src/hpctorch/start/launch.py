@@ -75,6 +75,7 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
     command = worker_command(plan.command, per_rank_lists=False)
     if command != tuple(plan.command):
         stacks_env(env)
+        _task_stragglers_env(plan, env)
         _file_store_env(plan, env)
         from .. import timings
 
@@ -84,6 +85,18 @@ def exec_per_task(plan: Plan, base_env: Mapping[str, str] | None = None) -> None
         os.execvpe(command[0], list(command), env)
     except OSError as exc:
         raise HpctorchError(f"cannot start {plan.command[0]!r}: {exc.strerror}", "check the command and PATH") from None
+
+
+def _task_stragglers_env(plan: Plan, env: dict[str, str]) -> None:
+    """Per task: every rank of a node leaves its figures in the node's folder (left for the next
+    run's sweep: no process outlives the ranks); the node's local rank 0 is its node's side of the
+    watch (``straggler_worker``)."""
+    from ..guard.stragglers import PER_TASK_ENV, per_task_spec
+
+    if stragglers_env(env, plan) and plan.node_rank_known and plan.workers[0].local_rank == 0:
+        env[PER_TASK_ENV] = per_task_spec(plan)
+    else:
+        env.pop(PER_TASK_ENV, None)
 
 
 def exec_relaunch(plan: Plan, hpctorch_argv: Sequence[str]) -> None:
