@@ -333,3 +333,10 @@ def test_per_task_a_node_is_named_by_the_name_its_record_gave() -> None:
     found = judge(shares((0.45, 100), (0.41, 100), (0.03, 100)), task, 0.2, hosts={2: "nid00042"})
     assert [f.node for f in found] == ["nid00042"]
     assert judge(shares((0.45, 100), (0.41, 100), (0.03, 100)), task, 0.2)[0].node == "node 2"  # no name: never listed
+
+
+def test_a_throttled_node_whose_ranks_have_no_window_yet_waits_for_one() -> None:
+    """Its record came before a window of its ranks' figures: nothing to name yet, and no error
+    (an IndexError here stopped node 0's watch, seen per task on the cluster)."""
+    values = {0: {0: [0.9, 200]}, 1: {1: [0.9, 200]}, 2: {}}
+    assert judge(values, plan(3), 0.2, {2: 1.0}) == []

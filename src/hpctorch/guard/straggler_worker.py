@@ -312,12 +312,14 @@ def _node_loop(module, directory: str) -> None:  # type: ignore[no-untyped-def]
             watch.announce(store)
     except Exception:  # noqa: BLE001 - the store went away: the job is ending
         return
-    while True:
+    failures = 0
+    while failures < 3:  # three in a row: the store went away (rank 0 ended), the job is ending
         time.sleep(settings.publish_s)
         try:
             watch.step(store, time.monotonic())
-        except Exception:  # noqa: BLE001 - the store went away (rank 0 ended): the job is ending
-            return
+            failures = 0
+        except Exception:  # noqa: BLE001 - a store request that failed once is tried at the next step
+            failures += 1
 
 
 def _publish_loop(path: str) -> None:

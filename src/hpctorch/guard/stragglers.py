@@ -133,7 +133,7 @@ def judge(shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan, thres
     if len(measured) < 2:
         return []
     found = _by_share(measured, shares, plan, threshold, hosts)
-    throttled = {n: t for n, t in (throttled or {}).items() if t >= THROTTLED_AT and n in shares}
+    throttled = {n: t for n, t in (throttled or {}).items() if t >= THROTTLED_AT and shares.get(n)}  # a node with ranks measured
     if not throttled or len(throttled) * 2 > len(shares):
         return found
     named = {s.node: i for i, s in enumerate(found)}
