@@ -63,7 +63,8 @@ def test_the_throttled_node_is_named_and_listed(cluster: Cluster, job_dir: Path,
     lines = straggler_lines(output)
     assert lines, output[-3000:]
     assert all(f"({throttled_cpu})" in line or f"node {throttled_cpu} (" in line for line in lines), lines
-    assert all("its CPU quota held it back in" in line for line in lines), lines  # the cause, from its cgroup's cpu.stat
+    # The cause, from its cgroup's cpu.stat: on a line of its own, or on the share's once two samples of it are in.
+    assert any("its CPU quota held it back in" in line for line in lines), lines
     print("\n".join(lines))
     rows = {row["node"]: row for row in summary["ranks"]}
     assert set(rows) == {"node1", "node2", "node3"}

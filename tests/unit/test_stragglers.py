@@ -340,3 +340,18 @@ def test_a_throttled_node_whose_ranks_have_no_window_yet_waits_for_one() -> None
     (an IndexError here stopped node 0's watch, seen per task on the cluster)."""
     values = {0: {0: [0.9, 200]}, 1: {1: [0.9, 200]}, 2: {}}
     assert judge(values, plan(3), 0.2, {2: 1.0}) == []
+
+
+def test_a_node_named_now_for_its_share_now_for_its_quota_is_listed_as_one(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Its lines change (a rank's share, its quota) while it straggles without a break: listed
+    after two windows all the same."""
+    monkeypatch.setenv("HPCTORCH_BAD_NODES", str(tmp_path / "bad.jsonl"))
+    watch = stragglers.Watch(plan(3), Settings(0.2, 10), str(tmp_path), say=lambda _line: None)
+    by_share = stragglers.Straggler((2,), "cx2", 2.0, 0.4, False)
+    by_quota = stragglers.Straggler((2,), "cx2", 0.0, 0.8, True, 1.0)
+    for t, found in ((0, by_share), (10, by_quota), (20, by_share)):
+        monkeypatch.setattr(stragglers, "judge", lambda *_a, found=found, **_k: [found])
+        watch.step(None, float(t))
+    from hpctorch.host import badnodes
+
+    assert [entry.node for entry in badnodes.current(os.environ)] == ["cx2"]

@@ -290,7 +290,7 @@ class Watch:
         self.host = node_name(plan, plan.node_rank) if plan.nodes else _hostname()
         self.said: dict[str, float] = {}
         self.since: dict[str, float] = {}
-        """When each straggler named in the last judgement was first named without a break."""
+        """When each node named in the last judgement was first named without a break."""
         self.listed: set[str] = set()
         self.requests = 0
         self._all_published = False
@@ -321,12 +321,13 @@ class Watch:
         found = judge({n: {int(k): v for k, v in r.get("w", {}).items()} for n, r in records.items()}, self.plan, self.settings.threshold,
                       {n: float(r["thr"]) for n, r in records.items() if r.get("thr") is not None},
                       {n: str(r["h"]) for n, r in records.items() if r.get("h")})
-        self.since = {s.key: self.since.get(s.key, now) for s in found}
+        # Per node, whatever its lines say (its rank's share, its quota, or both, may come and go).
+        self.since = {s.node: self.since.get(s.node, now) for s in found}
         for straggler in found:
             if now - self.said.get(straggler.key, -REPEAT_S) >= REPEAT_S:
                 self.said[straggler.key] = now
                 self.say(straggler.line())
-            if now - self.since[straggler.key] >= LIST_AFTER_WINDOWS * self.settings.window_s:
+            if now - self.since[straggler.node] >= LIST_AFTER_WINDOWS * self.settings.window_s:
                 self._list(straggler)
         return found
 
