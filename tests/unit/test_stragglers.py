@@ -13,7 +13,8 @@ import pytest
 
 from hpctorch.errors import HpctorchError
 from hpctorch.guard import straggler_worker, stragglers
-from hpctorch.guard.stragglers import NodeWindow, Settings, judge, per_rank, table
+from hpctorch.guard.stragglers import NodeWindow, Settings, judge
+from hpctorch.guard.summary import per_rank, table
 from hpctorch.plan.types import Plan
 
 from ..conftest import ROOT, clean_env

@@ -432,28 +432,3 @@ def for_node(plan: Plan, directory: str | None, env: Mapping[str, str]) -> Watch
     """This node's watch, when on and its workers have a folder (``stragglers_env``)."""
     settings = Settings.from_env(env)
     return Watch(plan, settings, directory) if settings is not None and directory else None
-
-
-def per_rank(totals: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan) -> list[dict]:
-    """The closing summary's table: per rank, its share of the run inside collectives."""
-    rows = []
-    for node, ranks in sorted(totals.items()):
-        for rank, (inside, span, count) in sorted(ranks.items()):
-            if span > 0:
-                rows.append({"rank": rank, "node": node_name(plan, node), "inside_share": round(inside / span, 4),
-                             "inside_s": inside, "measured_s": span, "collectives": int(count)})
-    return sorted(rows, key=lambda row: row["rank"])
-
-
-def table(rows: Sequence[dict]) -> list[str]:
-    """Lines for the closing summary: every rank up to ``SHOWN_RANKS``, else the lowest shares."""
-    if len(rows) < 2:
-        return []
-    median = statistics.median(row["inside_share"] for row in rows)
-    shown = rows if len(rows) <= SHOWN_RANKS else sorted(rows, key=lambda row: row["inside_share"])[:SHOWN_RANKS // 2]
-    title = "per rank" if len(rows) <= SHOWN_RANKS else f"the {len(shown)} ranks waiting least of {len(rows)}"
-    lines = [f"hpctorch: time inside collectives, {title} (median {median:.0%}; the lowest is the one the others waited for):"]
-    for row in shown:
-        lines.append(f"  rank {row['rank']:>5}  {row['node']:<20} {row['inside_share']:>5.0%} of {row['measured_s']:.0f} s, "
-                     f"{row['collectives']} collectives")
-    return lines

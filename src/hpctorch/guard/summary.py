@@ -1,14 +1,16 @@
-"""The closing summary node 0 prints when a per-node job ends, and its JSON form."""
+"""The closing summary node 0 prints when a per-node job ends, and its JSON form; with the
+straggler watch's per-rank table of time inside collectives."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ..plan.types import Plan
 from ..schedulers import hostlist
-from .stragglers import per_rank, table
+from .stragglers import SHOWN_RANKS, node_name
 
 
 @dataclass(frozen=True)
@@ -67,3 +69,27 @@ class Summary:
             json.dump(data, out, indent=2)
             out.write("\n")
 
+
+def per_rank(totals: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan) -> list[dict]:
+    """The closing summary's table: per rank, its share of the run inside collectives."""
+    rows = []
+    for node, ranks in sorted(totals.items()):
+        for rank, (inside, span, count) in sorted(ranks.items()):
+            if span > 0:
+                rows.append({"rank": rank, "node": node_name(plan, node), "inside_share": round(inside / span, 4),
+                             "inside_s": inside, "measured_s": span, "collectives": int(count)})
+    return sorted(rows, key=lambda row: row["rank"])
+
+
+def table(rows: Sequence[dict]) -> list[str]:
+    """Lines for the closing summary: every rank up to ``SHOWN_RANKS``, else the lowest shares."""
+    if len(rows) < 2:
+        return []
+    median = statistics.median(row["inside_share"] for row in rows)
+    shown = rows if len(rows) <= SHOWN_RANKS else sorted(rows, key=lambda row: row["inside_share"])[:SHOWN_RANKS // 2]
+    title = "per rank" if len(rows) <= SHOWN_RANKS else f"the {len(shown)} ranks waiting least of {len(rows)}"
+    lines = [f"hpctorch: time inside collectives, {title} (median {median:.0%}; the lowest is the one the others waited for):"]
+    for row in shown:
+        lines.append(f"  rank {row['rank']:>5}  {row['node']:<20} {row['inside_share']:>5.0%} of {row['measured_s']:.0f} s, "
+                     f"{row['collectives']} collectives")
+    return lines
