@@ -227,6 +227,23 @@ class CountingStore:
         return counted
 
 
+def _as_threads(node, first: int, last: int) -> None:  # type: ignore[no-untyped-def]
+    """Simulated nodes ``first``..``last - 1`` of a client process, one thread each."""
+    threads = [threading.Thread(target=node, args=(n,)) for n in range(first, last)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _clients(flag: str, nnodes: int, port: int, *extra: str) -> list[subprocess.Popen]:
+    """Nodes 1..N-1 spread over up to ``PROCESSES`` client processes of this benchmark (``flag``)."""
+    processes = min(PROCESSES, nnodes - 1)
+    bounds = [1 + (nnodes - 1) * p // processes for p in range(processes + 1)]
+    return [subprocess.Popen([PYTHON, "-m", "benchmarks.control_plane_scale", flag, str(bounds[p]), str(bounds[p + 1]), str(nnodes),
+                              str(port), *extra], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, text=True) for p in range(processes)]
+
+
 def _screen_record(node: int) -> dict:
     """What a node's local measures return (measuring is the node's own, in parallel, on its own
     CPUs; here the nodes share 2 cores): a realistic record, one node in 64 slow."""
@@ -253,11 +270,7 @@ def screen_client(first: int, last: int, nnodes: int, port: int) -> None:
                    local=lambda _gpus: _screen_record(rank), ring=False)
         counts[rank] = store.requests
 
-    threads = [threading.Thread(target=node, args=(n,)) for n in range(first, last)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _as_threads(node, first, last)
     print(json.dumps({"requests": counts}), flush=True)
 
 
@@ -268,10 +281,7 @@ def screen_scale(nnodes: int) -> dict[str, float]:
     print(f"control_plane_scale: screen at {nnodes} nodes", file=sys.stderr, flush=True)
     port = free_port()
     served = CountingStore(_store(port, True))
-    processes = min(PROCESSES, nnodes - 1)
-    bounds = [1 + (nnodes - 1) * p // processes for p in range(processes + 1)]
-    children = [subprocess.Popen([PYTHON, "-m", "benchmarks.control_plane_scale", "--screen-client", str(bounds[p]), str(bounds[p + 1]),
-                                  str(nnodes), str(port)], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, text=True) for p in range(processes)]
+    children = _clients("--screen-client", nnodes, port)
     try:
         started = time.perf_counter()
         outcome = screen.run(node_plan(0, nnodes, port), served, 0.5, False, "hpctorch/bench/screen/", 120, SCREEN_BUDGET_S,
@@ -338,11 +348,7 @@ def straggle_client(first: int, last: int, nnodes: int, port: int, root: str) ->
         counts[rank] = (store.requests - 1) / STRAGGLE_ROUNDS
         store.add(f"hpctorch/{RUN_ID}/bench-straggle-done", 1)
 
-    threads = [threading.Thread(target=node, args=(n,)) for n in range(first, last)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _as_threads(node, first, last)
     print(json.dumps({"requests": counts}), flush=True)
 
 
@@ -357,11 +363,7 @@ def straggle_scale(nnodes: int) -> dict[str, float]:
         os.environ["HPCTORCH_BAD_NODES"] = os.path.join(root, "bad-nodes.jsonl")  # the named nodes are simulated: never the user's list
         watch, folder = _straggle_watch(0, nnodes, port, root)
         watch.announce(served)
-        processes = min(PROCESSES, nnodes - 1)
-        bounds = [1 + (nnodes - 1) * p // processes for p in range(processes + 1)]
-        children = [subprocess.Popen([PYTHON, "-m", "benchmarks.control_plane_scale", "--straggle-client", str(bounds[p]),
-                                      str(bounds[p + 1]), str(nnodes), str(port), root], cwd=ROOT, env=clean_env(),
-                                     stdout=subprocess.PIPE, text=True) for p in range(processes)]
+        children = _clients("--straggle-client", nnodes, port, root)
         try:
             for round_ in range(STRAGGLE_ROUNDS - 1):
                 _straggle_files(folder, 0, round_)
