@@ -11,8 +11,8 @@ from dataclasses import replace
 from ..errors import HpctorchError, os_error_line
 from ..plan.types import Options, Plan
 from ..schedulers import hostlist
-from . import screening, torchrun
-from .parser import EXIT_USAGE, parser
+from . import screening, staging, torchrun
+from .parser import EXIT_USAGE, parser, stage_paths
 
 
 def _worker_command(args: argparse.Namespace) -> tuple[str, ...]:
@@ -175,6 +175,7 @@ def _run(args: argparse.Namespace) -> int:
     stall = _stall(args)
     _stragglers(args)
     screening.check_args(args)
+    stage_settings = staging.settings(args)
     if args.log_dir and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise HpctorchError(f"--log-dir {args.log_dir} is a file", "give --log-dir a folder (it is made if missing)")
     from .. import timings
@@ -200,6 +201,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"hpctorch: --stragglers needs hpctorch to start the ranks, and this is a {plan.mode} run: the job runs without it",
                   file=sys.stderr, flush=True)
         screening.check_per_task(args, plan)
+        staging.check_mode(args, plan)
         if args.screen or args.spare_nodes:
             kept = screening.per_task(args, plan, _options(args))
             if kept is None:
@@ -217,6 +219,7 @@ def _run(args: argparse.Namespace) -> int:
         if kept is None:
             return 0  # a spare: it said why
         plan = kept
+    staging.stage(args, plan, stage_settings)
     try:
         if plan.simulated:
             simulated.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console,
@@ -274,7 +277,9 @@ def _submit(args: argparse.Namespace) -> int:
     from ..submit import jobscript
 
     scheduler = args.scheduler or jobscript.default_scheduler()
-    run_args = [*(["--iface", args.iface] if args.iface else []), *(["-m"] if args.module else []), args.script, *args.script_args]
+    staged = [*([f"--stage-env={args.stage_env}" if args.stage_env == "try" else "--stage-env"] if args.stage_env else []),
+              *[f"--stage-env={path}" for path in args.stage_paths], *(["--stage-dir", args.stage_dir] if args.stage_dir else [])]
+    run_args = [*(["--iface", args.iface] if args.iface else []), *staged, *(["-m"] if args.module else []), args.script, *args.script_args]
     _check_script(args)
     for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--cpus-per-node", args.cpus_per_node), ("--nproc-per-node", args.nproc_per_node)):
         if value is not None and value < 1:
@@ -377,7 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "stacks", "hostlist", "badnodes") else None
-        args = parser(command).parse_args(argv)
+        top = parser(command)
+        args = top.parse_args(stage_paths(top, argv))
         args.argv = argv
         handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": _submit, "stacks": _stacks, "hostlist": _hostlist,
                    "badnodes": _badnodes}[args.command]

@@ -85,6 +85,44 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     torchrun.add_options(parser)
 
 
+def _add_stage_options(add) -> None:  # type: ignore[no-untyped-def]
+    # Flags, not one option with an optional value: "--stage-env train.py" must not take the
+    # script for a folder; "--stage-env=DIR" becomes "--stage-env --stage-path DIR" (stage_paths).
+    add("--stage-env", dest="stage_env", action="store_const", const="on", default=None,
+        help="run the workers from a copy of the Python environment on each node's own disk, spread from node 0 over the fabric "
+             "(--stage-env=DIR stages a folder too)")
+    add("--stage-env=try", dest="stage_env", action="store_const", const="try",
+        help="the same, but a node that cannot stage runs from the shared path instead of stopping the job")
+    add("--stage-path", dest="stage_paths", action="append", default=[], metavar="DIR", help=argparse.SUPPRESS)
+    add("--stage-dir", default=None, metavar="DIR", help="where each node keeps its copy (default /tmp, /dev/shm where /tmp is not local)")
+
+
+def stage_paths(top: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--stage-env=DIR`` among ``run``'s or ``submit``'s own options (never the script's) as argparse can take it."""
+    if not argv or argv[0] not in ("run", "submit"):
+        return argv
+    subparsers = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    actions = subparsers.choices[argv[0]]._option_string_actions  # noqa: SLF001 - to skip option values as argparse will
+    out: list[str] = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        index += 1
+        if token.startswith("--stage-env=") and token not in actions:
+            out += ["--stage-env", "--stage-path", token.split("=", 1)[1]]
+            continue
+        out.append(token)
+        if token == "--" or not token.startswith("-"):
+            if token in ("run", "submit") and len(out) == 1:
+                continue
+            break  # the script: the rest is its own
+        action = actions.get(token)
+        if action is not None and action.nargs != 0 and index < len(argv):
+            out.append(argv[index])
+            index += 1
+    return out + argv[index:]
+
+
 def parser(only: str | None = None) -> _Parser:
     """The command line; with ``only``, just that subcommand gets its options (argparse
     spends milliseconds per option, and ``hpctorch plan`` must answer fast)."""
@@ -110,6 +148,7 @@ def parser(only: str | None = None) -> _Parser:
         run.add_argument("--straggler-threshold", type=_fraction, default=None, metavar="F",
                          help="named when the others spend F more of their time waiting inside collectives than it does (default 0.2)")
         run.add_argument("--timings", action="store_true", help="rank 0 prints where startup went, stage by stage, slowest node first")
+        _add_stage_options(run.add_argument)
         run.add_argument("script", help="training script (or module with -m)")
         run.add_argument("script_args", nargs=argparse.REMAINDER)
     plan = sub.add_parser("plan", help="print what run would do, start nothing", allow_abbrev=False)
@@ -147,6 +186,7 @@ def parser(only: str | None = None) -> _Parser:
         for flag in ("--sbatch-arg", "--qsub-arg", "--bsub-arg", "--flux-arg", "--scheduler-arg"):
             add(flag, dest="extra", action="append", default=[], metavar="ARG", help="passed to the scheduler as a directive" if flag == "--scheduler-arg" else argparse.SUPPRESS)
         add("--iface", default=None, help="passed on to hpctorch run")
+        _add_stage_options(add)
         add("-m", "--module", action="store_true")
         add("script")
         add("script_args", nargs=argparse.REMAINDER)

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from .. import staged
+
 PLAN_FILE = "plan.json"
 RESULT_FILE = "agreed"
 START_AFTER_S = 5.0
@@ -48,7 +50,7 @@ class Helper:
         """``logs``: the workers' captured output; ``state``: the node's private directory
         (``paths``); ``stall``: ``--stall-timeout`` and ``--stall-action``, watched by the helper."""
         watch = [f"{stall[0]:g}", stall[1]] if stall else []
-        self.process = subprocess.Popen([sys.executable, "-m", "hpctorch.guard.nodewatch", logs, state, f"{startup_s:.3f}", *watch],
+        self.process = subprocess.Popen([staged.python(), "-m", "hpctorch.guard.nodewatch", logs, state, f"{startup_s:.3f}", *watch],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self.inbox: queue.Queue[dict | None] = queue.Queue()
         self.connected = False

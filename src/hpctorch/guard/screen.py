@@ -74,16 +74,16 @@ class Screened:
                 "figures": {str(n): r for n, r in sorted(self.records.items())}}
 
 
-def connect(plan: Plan, timeout_s: float, serve: bool | None = None):  # type: ignore[no-untyped-def]
-    """The master's store: served by node 0 (or where ``serve`` says), reached by every other
-    process within ``timeout_s``."""
+def connect(plan: Plan, timeout_s: float, serve: bool | None = None, what: str = "the screen"):  # type: ignore[no-untyped-def]
+    """The master's store for ``what`` before the job's own: served by node 0 (or where ``serve``
+    says), reached by every other process within ``timeout_s``."""
     from .agreement import open_store
 
     if plan.is_master if serve is None else serve:
         try:
             return open_store(plan, timeout_s)
         except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
-            raise HpctorchError(f"cannot serve the screen's store on port {plan.master_port}: {str(exc).splitlines()[0]}",
+            raise HpctorchError(f"cannot serve the store for {what} on port {plan.master_port}: {str(exc).splitlines()[0]}",
                                 "pass another --master-port, or stop the process that holds it (ss -ltnp)") from None
     deadline = time.monotonic() + timeout_s
     pause = POLL_S
@@ -96,7 +96,7 @@ def connect(plan: Plan, timeout_s: float, serve: bool | None = None):  # type: i
                 pass
         time.sleep(pause)
         pause = min(pause * 1.5, POLL_MAX_S)
-    raise HpctorchError(f"could not reach node 0's store at {plan.master_addr}:{plan.master_port} for the screen within {timeout_s:.0f} s",
+    raise HpctorchError(f"could not reach node 0's store at {plan.master_addr}:{plan.master_port} for {what} within {timeout_s:.0f} s",
                         "check that node 0 started and is reachable on the chosen interface ('hpctorch plan' says which), or raise --rdzv-timeout")
 
 

@@ -158,6 +158,42 @@ def stragglers_dir(run_id: str, node_rank: int) -> str:
     return private_dir(os.path.join(parent, f"{_safe(run_id)}-{node_rank}"))
 
 
+NETWORK_FILE_SYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "fuse.sshfs", "panfs", "wekafs",
+                        "fuse.glusterfs", "9p", "virtiofs")
+"""File systems other machines reach: a copy "on this node" there would be one more shared copy."""
+
+
+def local_scratch(mounts: str = "/proc/mounts") -> str:
+    """Node-local storage for a staged environment: /tmp where it is local, else /dev/shm."""
+    return "/dev/shm" if file_system_of("/tmp", mounts) in NETWORK_FILE_SYSTEMS and polling_root() else "/tmp"
+
+
+def file_system_of(path: str, mounts: str = "/proc/mounts") -> str | None:
+    """The type of the file system ``path`` lies on (the longest mount point above it), if known."""
+    real = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return None
+    return kind
+
+
+def stage_dir(root: str) -> str:
+    """This user's folder for staged environments under ``root`` (``--stage-dir``), one per host:
+    a folder given on a shared file system, or a one-machine test's shared /tmp, never mixes two
+    nodes' copies. Created 0700 at each level, or checked."""
+    mine = private_dir(os.path.join(root, f"hpctorch-stage-{_user()}"))
+    return private_dir(os.path.join(mine, _host()))
+
+
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100] or "run"
 

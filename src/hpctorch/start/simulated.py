@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from .. import staged
 from ..errors import HpctorchError
 from ..host.signals import PREEMPT_SIGNALS, STOP_SIGNALS
 from ..plan.types import Plan
@@ -59,7 +60,7 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
         if log_dir:
             env["HPCTORCH_AGENT_LOG_DIR"] = os.path.join(log_dir, f"node{node_plan.node_rank}")
         # Each agent leads its own process group, so stopping it reaches its workers too.
-        agents.append(subprocess.Popen([sys.executable, "-m", "hpctorch.start.agent"], env=env, start_new_session=True))
+        agents.append(subprocess.Popen([staged.python(), "-m", "hpctorch.start.agent"], env=env, start_new_session=True))
 
     received: list[int] = []
 

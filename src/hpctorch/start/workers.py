@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .. import staged
 from ..errors import HpctorchError
 from ..plan.types import Plan, is_python
 
@@ -32,11 +33,13 @@ class WorkersFailed(Exception):
 def worker_command(command: Sequence[str], per_rank_lists: bool) -> tuple[str, ...]:
     """What each worker runs: a Python script or module through ``_worker.py`` (in the same
     process: it registers the faulthandler ``hpctorch stacks`` falls back on, and applies
-    per-rank CPU and device lists); another command through it only for those lists."""
+    per-rank CPU and device lists); another command through it only for those lists. Under
+    ``--stage-env`` the interpreter is the node-local copy's."""
+    python, entry = staged.python(), staged.map_path(WORKER_ENTRY)  # the node-local copy's under --stage-env
     if is_python(command):
-        return (command[0], "-u", WORKER_ENTRY, *command[2:])
+        return (python, "-u", entry, *command[2:])
     if per_rank_lists:
-        return (sys.executable, WORKER_ENTRY, "--exec", *command)
+        return (python, entry, "--exec", *command)
     return tuple(command)
 
 

@@ -1,0 +1,264 @@
+"""A node's part of ``--stage-env``, through the master's store before the job's own (keys
+``hpctorch/<run id>/stage/...``; per node a handful of requests, whatever the node count):
+
+1. node 0 names the environment's key (``key``); each node says whether it lacks a copy
+   (``missing``, ``reported``); node 0 waits for every report;
+2. when any node lacks it, node 0 packs (or takes its kept pack) and says its size, SHA-256 and
+   a token (``pack``); the pack flows down the tree (``spread``; a node with children publishes
+   ``addr/<node>``), each node that lacks the copy extracting it as it passes (``unpack``);
+3. each node reports (``done``, ``failed``, the first failure's line); node 0 says the verdict,
+   and waits a moment for everyone to read it before its store leaves the port to the job's.
+
+A node that could not stage stops the job before any worker starts, or with ``--stage-env=try``
+runs from the shared path; either way it says why in one line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import secrets
+import socket
+import sys
+import time
+from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
+
+from .. import progress, staged
+from ..errors import HpctorchError
+from ..host import folders
+from ..plan.types import Plan
+from . import environment, pack, spread, unpack
+
+TIMEOUT_S = 600.0
+"""Default bound on a node's whole staging (``HPCTORCH_STAGE_TIMEOUT_S``)."""
+ACCEPT_S = 30.0
+"""How long a node waits for its children to connect: all reported before the pack was made."""
+READ_S = 5.0
+POLL_S = 0.05
+POLL_MAX_S = 1.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    fallback: bool = False
+    """``--stage-env=try``: a node that cannot stage runs from the shared path."""
+    extra: tuple[str, ...] = ()
+    stage_root: str = field(default_factory=folders.local_scratch)
+    timeout_s: float = TIMEOUT_S
+    fanout: int = spread.FANOUT
+
+    @classmethod
+    def of(cls, fallback: bool, extra: Sequence[str], stage_root: str | None, env: MutableMapping[str, str]) -> Settings:
+        def number(name: str, default: float, low: float) -> float:
+            text = env.get(name, "")
+            try:
+                value = float(text) if text else default
+            except ValueError:
+                value = low - 1
+            if value < low:
+                raise HpctorchError(f"{name}={text!r} is not a number of at least {low:g}", f"unset it, or give e.g. {name}={default:g}")
+            return value
+
+        root = stage_root or folders.local_scratch()
+        if not os.path.isdir(root):
+            raise HpctorchError(f"--stage-dir {root}: no such folder", "give a folder on each node's own disk, e.g. --stage-dir /tmp")
+        return cls(fallback, tuple(extra), root, number("HPCTORCH_STAGE_TIMEOUT_S", TIMEOUT_S, 1.0),
+                   int(number("HPCTORCH_STAGE_FANOUT", spread.FANOUT, 1.0)))
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Where this node's copy is: the interpreter to run, each original folder's copy."""
+
+    python: str
+    copies: dict[str, str]
+    key: str
+
+    def export(self, env: MutableMapping[str, str]) -> None:
+        """What every process started from here inherits (``hpctorch.staged`` reads it)."""
+        env[staged.ENV] = json.dumps({"python": self.python, "roots": self.copies, "key": self.key})
+        env["PATH"] = os.pathsep.join([os.path.dirname(self.python), *[p for p in env.get("PATH", "").split(os.pathsep) if p]])
+        for name in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+            if env.get(name):
+                env[name] = staged.map_with(self.copies, os.path.realpath(env[name]))
+
+    def adopt(self) -> None:
+        """This process imports from the copy from now on (torch's agent, before it imports torch)."""
+        import importlib
+
+        sys.path[:] = [staged.map_with(self.copies, os.path.realpath(p)) if p else p for p in sys.path]
+        importlib.invalidate_caches()
+
+
+class _Problem(Exception):
+    pass
+
+
+def stage(plan: Plan, settings: Settings, connect: Callable[[], object] | None = None) -> Staged | None:
+    """This node's part; its copy, or None where it runs from the shared path (``try``).
+    ``connect`` opens the master's store (several nodes); one node or simulated nodes need none."""
+    base = folders.stage_dir(settings.stage_root)
+    copies_dir = folders.private_dir(os.path.join(base, "copies"))
+    if connect is None or plan.nnodes == 1 or plan.simulated:
+        return _decide(plan, settings, _alone(settings, base, copies_dir), None)
+    store = connect()
+    try:
+        return _together(plan, settings, store, base, copies_dir)
+    finally:
+        del store
+
+
+def _alone(settings: Settings, base: str, copies_dir: str) -> Staged | str:
+    try:
+        source = environment.source(settings.extra)
+        key = environment.key(source.roots).digest
+        if not unpack.ready(copies_dir, key):
+            made = pack.pack(source.roots, key, base)
+            unpack.receive(made.chunks(), copies_dir, key, source.roots, made.size, made.digest)
+        return _staged(copies_dir, key, source.python)
+    except (OSError, unpack.UnpackError) as exc:
+        return _line(exc)
+
+
+def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str) -> Staged | None:  # type: ignore[no-untyped-def]
+    prefix = f"hpctorch/{plan.run_id}/stage/"
+    me, nnodes = plan.node_rank, plan.nnodes
+    deadline = time.monotonic() + settings.timeout_s
+    outcome: Staged | str
+    try:
+        if me == 0:
+            source = environment.source(settings.extra)
+            store.set(prefix + "key", json.dumps({"key": environment.key(source.roots).digest, "roots": source.roots, "python": source.python}))
+        named = json.loads(_get(store, prefix + "key", deadline, "node 0 to name the environment"))
+        key = named["key"]
+        have = unpack.ready(copies_dir, key)
+        if not have:
+            store.add(prefix + "missing", 1)
+        store.add(prefix + "reported", 1)
+        if me == 0:
+            _count(store, prefix + "reported", nnodes, deadline, "nodes to say whether they have a copy")
+            lacking = store.add(prefix + "missing", 0)
+            made = pack.pack(named["roots"], key, base) if lacking else None
+            store.set(prefix + "pack", json.dumps({"size": made.size, "digest": made.digest, "token": secrets.token_hex(16)} if made else {}))
+        sent = json.loads(_get(store, prefix + "pack", deadline, "node 0's pack"))
+        if sent:
+            _spread(plan, settings, store, prefix, sent, named, copies_dir, have, made if me == 0 else None, deadline)
+        outcome = _staged(copies_dir, key, named["python"])
+    except (OSError, _Problem, spread.SpreadError, unpack.UnpackError, HpctorchError) as exc:
+        outcome = _line(exc)
+    return _decide(plan, settings, outcome, _verdict(plan, store, prefix, outcome, deadline))
+
+
+def _spread(plan: Plan, settings: Settings, store, prefix: str, sent: dict, named: dict, copies_dir: str,  # type: ignore[no-untyped-def]
+            have: bool, made: pack.Pack | None, deadline: float) -> None:
+    me = plan.node_rank
+    relay = spread.Relay(me, plan.nnodes, plan.local_addr or plan.master_addr or socket.gethostname(), sent["token"], settings.fanout)
+    try:
+        if relay.children:
+            store.set(f"{prefix}addr/{me}", relay.address)
+        if made is not None:
+            chunks = made.chunks()
+        else:
+            parent = spread.parent_of(me, settings.fanout)
+            address = _get(store, f"{prefix}addr/{parent}", deadline, f"node {parent}'s address (its parent in the tree)")
+            chunks = spread.Upstream(address, sent["token"], me).chunks(sent["size"])
+        relay.accept(min(deadline, time.monotonic() + ACCEPT_S))
+        shown = progress.Progress(settings.timeout_s)
+        count = 0
+
+        def passed(chunk: bytes) -> None:
+            nonlocal count
+            relay.forward(chunk)
+            count += len(chunk)
+            if me == 0:
+                shown.tick(lambda: f"staging the environment: {count / 2**20:.0f} of {sent['size'] / 2**20:.0f} MiB sent")
+
+        unpack.receive(chunks, copies_dir, named["key"], named["roots"], sent["size"], sent["digest"], passed, keep=not have)
+    finally:
+        relay.close()
+
+
+def _verdict(plan: Plan, store, prefix: str, outcome: Staged | str, deadline: float) -> dict:  # type: ignore[no-untyped-def]
+    """Every node's outcome, as node 0 sums it up: ``failed``, ``first`` (a line), ``absent``."""
+    try:
+        if isinstance(outcome, str):
+            store.compare_set(prefix + "first", "", f"{_host(plan)}: {outcome}")
+            store.add(prefix + "failed", 1)
+        store.add(prefix + "done", 1)
+        if plan.node_rank == 0:
+            done = _count(store, prefix + "done", plan.nnodes, deadline, "", quiet=True)
+            failed = store.add(prefix + "failed", 0)
+            first = store.get(prefix + "first").decode() if failed else ""
+            store.set(prefix + "verdict", json.dumps({"failed": failed, "first": first, "absent": plan.nnodes - done}))
+        verdict = json.loads(_get(store, prefix + "verdict", deadline + READ_S, "node 0's verdict"))
+        store.add(prefix + "read", 1)
+        if plan.node_rank == 0:
+            _count(store, prefix + "read", plan.nnodes, time.monotonic() + READ_S, "", quiet=True)
+        return verdict
+    except (_Problem, RuntimeError) as exc:  # torch's store errors are RuntimeErrors
+        return {"failed": 1, "first": f"{_host(plan)}: {exc}", "absent": 0, "lost": True}
+
+
+def _decide(plan: Plan, settings: Settings, outcome: Staged | str, verdict: dict | None) -> Staged | None:
+    if isinstance(outcome, str):
+        if settings.fallback:
+            print(f"hpctorch: {_host(plan)} could not stage the environment ({outcome}); it runs from the shared path (--stage-env=try)",
+                  file=sys.stderr, flush=True)
+            return None
+        raise HpctorchError(f"{_host(plan)} could not stage the environment: {outcome}", _fix(outcome))
+    if verdict and (verdict["failed"] or verdict["absent"]) and not settings.fallback:
+        if plan.node_rank != 0:
+            raise HpctorchError("")  # node 0 says it for the job, the node itself why
+        what = verdict["first"] or f"{verdict['absent']} node(s) did not finish within {settings.timeout_s:.0f} s"
+        raise HpctorchError(f"{verdict['failed'] + verdict['absent']} of {plan.nnodes} nodes could not stage the environment (first: {what})",
+                            "see that node's line; free space there or pass --stage-dir, or --stage-env=try to run such nodes from the shared path")
+    return outcome
+
+
+def _staged(copies_dir: str, key: str, python: str) -> Staged:
+    copies = dict(unpack.copies_of(copies_dir, key))
+    return Staged(staged.map_with(copies, python), copies, key)
+
+
+def _line(exc: BaseException) -> str:
+    if isinstance(exc, HpctorchError):
+        return exc.line()
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
+    return str(exc)
+
+
+def _fix(line: str) -> str:
+    if "space" in line:
+        return "free space there, pass --stage-dir on a larger node-local disk, or --stage-env=try"
+    return "see the cause; --stage-env=try runs such a node from the shared path instead"
+
+
+def _host(plan: Plan) -> str:
+    return plan.nodes[plan.node_rank] if plan.node_rank < len(plan.nodes) else socket.gethostname()
+
+
+def _get(store, key: str, deadline: float, what: str) -> str:  # type: ignore[no-untyped-def]
+    left = deadline - time.monotonic()
+    try:
+        store.wait([key], datetime.timedelta(seconds=max(1.0, left)))
+        return store.get(key).decode()
+    except RuntimeError:  # torch's store timeout and lost connection (DistStoreError, DistNetworkError)
+        raise _Problem(f"waited {max(1.0, left):.0f} s for {what}") from None
+
+
+def _count(store, key: str, target: int, deadline: float, what: str, quiet: bool = False) -> int:  # type: ignore[no-untyped-def]
+    """Node 0 polls a counter, backing off, until it reaches ``target`` or ``deadline``."""
+    pause = POLL_S
+    while True:
+        value = store.add(key, 0)
+        if value >= target:
+            return value
+        if time.monotonic() >= deadline:
+            if quiet:
+                return value
+            raise _Problem(f"waited for {what}: {value} of {target} did within the time")
+        time.sleep(pause)
+        pause = min(pause * 1.5, POLL_MAX_S)

@@ -1,0 +1,87 @@
+"""Node 0's pack of the environment: one tar of every staged folder (``<index>/<path>``), its size
+and SHA-256, kept on node 0's own disk under the environment's key so that an unchanged
+environment is read from the shared file system once, not once per job."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from ..host.folders import create_private_file, private_dir, replace_file, sweep
+
+CHUNK = 1 << 20
+KEEP_S = 7 * 86400.0
+"""Packs and copies unused for this long are removed by the next job on that node."""
+
+
+@dataclass(frozen=True)
+class Pack:
+    path: str
+    size: int
+    digest: str
+
+    def chunks(self) -> Iterator[bytes]:
+        with open(self.path, "rb") as handle:
+            while chunk := handle.read(CHUNK):
+                yield chunk
+
+
+class _Hashing:
+    """A file that hashes and counts what is written through it."""
+
+    def __init__(self, fd: int) -> None:
+        self.file = os.fdopen(fd, "wb")
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+
+def pack(roots: Sequence[str], key: str, stage_base: str) -> Pack:
+    """The pack of ``roots`` under ``key`` in ``stage_base``/packs: the kept one, else made now."""
+    folder = private_dir(os.path.join(stage_base, "packs"))
+    path = os.path.join(folder, f"{key}.tar")
+    kept = _kept(path)
+    if kept is not None:
+        os.utime(path)
+        return kept
+    sweep(folder, (".tar", ".json", ".tmp"), KEEP_S)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.remove(temporary)
+    except FileNotFoundError:
+        pass
+    out = _Hashing(create_private_file(temporary))
+    try:
+        # Links stay links (a venv's bin/python); the receiver points those into a staged folder at its copy.
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+            for index, root in enumerate(roots):
+                tar.add(root, arcname=str(index), recursive=True)
+        out.file.close()
+    except BaseException:
+        out.file.close()
+        os.remove(temporary)
+        raise
+    made = Pack(path, out.size, out.hash.hexdigest())
+    os.replace(temporary, path)
+    replace_file(f"{path[:-4]}.json", json.dumps({"size": made.size, "digest": made.digest, "made": time.time()}))
+    return made
+
+
+def _kept(path: str) -> Pack | None:
+    try:
+        with open(f"{path[:-4]}.json", encoding="utf-8") as handle:
+            meta = json.load(handle)
+        if os.lstat(path).st_size == meta["size"]:
+            return Pack(path, int(meta["size"]), str(meta["digest"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None

@@ -1,0 +1,81 @@
+"""Mend a copy of an environment for its new place, as conda-pack and ``venv --upgrade`` do:
+links that point into a staged folder point at its copy, a venv's ``pyvenv.cfg`` names the
+staged base interpreter, and the scripts in ``bin/`` (shebangs, ``activate``) and the ``.pth``
+files name the copy. Paths outside the staged folders (an editable install's project, the
+system's libraries) are left as they are: the project being developed stays where it is."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+from ..staged import map_with
+
+TEXT_LIMIT = 1 << 20
+"""Scripts are small; a bigger file in bin/ is a program, never rewritten."""
+
+
+def relocate(copies: Mapping[str, str], top: str) -> int:
+    """Mend every copy in ``copies`` (original folder -> its final path), which still lie under
+    ``top`` at ``<top>/<basename of the final path>``; returns how many files changed."""
+    pattern = _pattern(copies)
+    changed = 0
+    for final in copies.values():
+        here = os.path.join(top, os.path.basename(final))
+        changed += _links(here, copies)
+        changed += _rewrite(os.path.join(here, "pyvenv.cfg"), pattern, copies)
+        bin_dir = os.path.join(here, "bin")
+        if os.path.isdir(bin_dir) and not os.path.islink(bin_dir):
+            for entry in os.scandir(bin_dir):
+                if entry.is_file(follow_symlinks=False):
+                    changed += _rewrite(entry.path, pattern, copies)
+        for folder, _dirs, names in os.walk(here):
+            if folder.endswith("-packages"):  # site-packages, dist-packages
+                for name in names:
+                    if name.endswith(".pth"):
+                        changed += _rewrite(os.path.join(folder, name), pattern, copies)
+    return changed
+
+
+def _pattern(copies: Mapping[str, str]) -> re.Pattern[bytes]:
+    # An original folder as a whole path component: /env matches /env/bin, never /env2.
+    names = sorted(copies, key=len, reverse=True)
+    return re.compile(b"(" + b"|".join(re.escape(os.fsencode(n)) for n in names) + rb")(?=[/'\"\s:;]|$)", re.MULTILINE)
+
+
+def _links(here: str, copies: Mapping[str, str]) -> int:
+    changed = 0
+    for folder, dirs, names in os.walk(here):
+        for name in names + dirs:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                continue
+            target = os.readlink(path)
+            moved = map_with(copies, target) if os.path.isabs(target) else target
+            if moved != target:
+                os.remove(path)
+                os.symlink(moved, path)
+                changed += 1
+    return changed
+
+
+def _rewrite(path: str, pattern: re.Pattern[bytes], copies: Mapping[str, str]) -> int:
+    try:
+        if os.path.islink(path) or os.path.getsize(path) > TEXT_LIMIT:
+            return 0
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return 0
+    if b"\0" in data[:8192]:
+        return 0  # a program, not a script
+    lookup = {os.fsencode(k): os.fsencode(v) for k, v in copies.items()}
+    mended = pattern.sub(lambda m: lookup[m.group(1)], data)
+    if mended == data:
+        return 0
+    mode = os.stat(path).st_mode
+    with open(path, "wb") as handle:
+        handle.write(mended)
+    os.chmod(path, mode)
+    return 1

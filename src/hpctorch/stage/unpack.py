@@ -1,0 +1,125 @@
+"""A node's copy: the pack's bytes, as they arrive, extracted into a folder of its own (0700),
+hashed and counted; checked against node 0's size and SHA-256, mended for its place, and only
+then renamed to its key's name, so a half copy is never used. A copy of the same key left by an
+earlier job on this node is used as it is."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from ..host.folders import private_dir, replace_file, sweep, why_unsafe
+from .pack import CHUNK, KEEP_S
+from .relocate import relocate
+
+MARK = "staged.json"
+SPARE_BYTES = 64 << 20
+
+
+class UnpackError(Exception):
+    """The copy could not be made; the message says why."""
+
+
+def final_paths(base: str, key: str, roots: Iterable[str]) -> dict[str, str]:
+    """Each original folder's copy: ``<base>/<key>/<index>``."""
+    return {root: os.path.join(base, key, str(index)) for index, root in enumerate(roots)}
+
+
+def ready(base: str, key: str) -> bool:
+    """A finished copy of ``key`` is here (and is ours); it is marked used now."""
+    folder = os.path.join(base, key)
+    mark = os.path.join(folder, MARK)
+    if not os.path.isfile(mark) or why_unsafe(folder) is not None:
+        return False
+    os.utime(mark)
+    os.utime(folder)
+    return True
+
+
+class _Reader(io.RawIOBase):
+    """The pack's chunks as a file that tarfile reads, each chunk seen by ``on_chunk`` first."""
+
+    def __init__(self, chunks: Iterator[bytes], on_chunk: Callable[[bytes], None]) -> None:
+        self.chunks = chunks
+        self.on_chunk = on_chunk
+        self.pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def, override]
+        if not self.pending:
+            chunk = next(self.chunks, b"")
+            if not chunk:
+                return 0
+            self.on_chunk(chunk)
+            self.pending = memoryview(chunk)
+        count = min(len(buffer), len(self.pending))
+        buffer[:count] = self.pending[:count]
+        self.pending = self.pending[count:]
+        return count
+
+
+def receive(chunks: Iterable[bytes], base: str, key: str, roots: Iterable[str], size: int, digest: str,
+            on_chunk: Callable[[bytes], None] = lambda _: None, keep: bool = True) -> None:
+    """Take the pack's ``size`` bytes from ``chunks`` (each passed to ``on_chunk``, the relay,
+    as it comes); with ``keep``, extract them as ``<base>/<key>``, else only check them."""
+    hashed = hashlib.sha256()
+    count = 0
+
+    def seen(chunk: bytes) -> None:
+        nonlocal count
+        hashed.update(chunk)
+        count += len(chunk)
+        on_chunk(chunk)
+
+    reader = _Reader(iter(chunks), seen)
+    if not keep:
+        while reader.read(CHUNK):
+            pass
+        _check(count, size, hashed.hexdigest(), digest)
+        return
+    free = shutil.disk_usage(base).free
+    if free < size + SPARE_BYTES:
+        raise UnpackError(f"no space for the environment in {base}: it needs {size / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+    sweep(base, ("",), KEEP_S)  # copies no job used for a week
+    temporary = os.path.join(base, f".{key}.{os.getpid()}.tmp")
+    shutil.rmtree(temporary, ignore_errors=True)
+    private_dir(temporary)
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(reader, CHUNK), mode="r|") as tar:  # type: ignore[call-overload]
+            tar.extractall(temporary, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+        while reader.read(CHUNK):  # the tar's end padding
+            pass
+        _check(count, size, hashed.hexdigest(), digest)
+        copies = final_paths(base, key, roots)
+        relocate(copies, temporary)
+        replace_file(os.path.join(temporary, MARK), json.dumps({"key": key, "roots": copies, "made": time.time()}))
+        try:
+            os.rename(temporary, os.path.join(base, key))
+        except OSError:
+            if not ready(base, key):  # another job on this node finished the same copy first: theirs serves
+                raise
+    except tarfile.TarError as exc:
+        raise UnpackError(f"the pack could not be read after {count} of {size} bytes ({exc})") from None
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+
+
+def copies_of(base: str, key: str) -> Mapping[str, str]:
+    """The original folders and their copies, as the finished copy's mark says."""
+    with open(os.path.join(base, key, MARK), encoding="utf-8") as handle:
+        return dict(json.load(handle)["roots"])
+
+
+def _check(count: int, size: int, got: str, digest: str) -> None:
+    if count != size:
+        raise UnpackError(f"received {count} of {size} bytes")
+    if got != digest:
+        raise UnpackError(f"the pack's SHA-256 is {got[:16]}..., node 0 sent {digest[:16]}...")
