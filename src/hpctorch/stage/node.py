@@ -15,7 +15,7 @@ runs from the shared path; either way it says why in one line.
 
 from __future__ import annotations
 
-import datetime
+import glob
 import json
 import os
 import secrets
@@ -80,6 +80,11 @@ class Staged:
         """What every process started from here inherits (``hpctorch.staged`` reads it)."""
         env[staged.ENV] = json.dumps({"python": self.python, "roots": self.copies, "key": self.key})
         env["PATH"] = os.pathsep.join([os.path.dirname(self.python), *[p for p in env.get("PATH", "").split(os.pathsep) if p]])
+        # A Python built with --enable-shared finds libpython by its RUNPATH, the shared path;
+        # LD_LIBRARY_PATH comes first.
+        libs = [os.path.join(c, "lib") for c in self.copies.values() if glob.glob(os.path.join(c, "lib", "libpython*.so*"))]
+        if libs:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, *[p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]])
         for name in ("VIRTUAL_ENV", "CONDA_PREFIX"):
             if env.get(name):
                 env[name] = staged.map_with(self.copies, os.path.realpath(env[name]))
@@ -131,7 +136,7 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str)
         if me == 0:
             source = environment.source(settings.extra)
             store.set(prefix + "key", json.dumps({"key": environment.key(source.roots).digest, "roots": source.roots, "python": source.python}))
-        named = json.loads(_get(store, prefix + "key", deadline, "node 0 to name the environment"))
+        named = json.loads(spread.wait_for(store, prefix + "key", deadline, "node 0 to name the environment"))
         key = named["key"]
         have = unpack.ready(copies_dir, key)
         if not have:
@@ -142,7 +147,7 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str)
             lacking = store.add(prefix + "missing", 0)
             made = pack.pack(named["roots"], key, base) if lacking else None
             store.set(prefix + "pack", json.dumps({"size": made.size, "digest": made.digest, "token": secrets.token_hex(16)} if made else {}))
-        sent = json.loads(_get(store, prefix + "pack", deadline, "node 0's pack"))
+        sent = json.loads(spread.wait_for(store, prefix + "pack", deadline, "node 0's pack"))
         if sent:
             _spread(plan, settings, store, prefix, sent, named, copies_dir, have, made if me == 0 else None, deadline)
         outcome = _staged(copies_dir, key, named["python"])
@@ -153,31 +158,21 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str)
 
 def _spread(plan: Plan, settings: Settings, store, prefix: str, sent: dict, named: dict, copies_dir: str,  # type: ignore[no-untyped-def]
             have: bool, made: pack.Pack | None, deadline: float) -> None:
-    me = plan.node_rank
-    relay = spread.Relay(me, plan.nnodes, plan.local_addr or plan.master_addr or socket.gethostname(), sent["token"], settings.fanout)
-    try:
-        if relay.children:
-            store.set(f"{prefix}addr/{me}", relay.address)
-        if made is not None:
-            chunks = made.chunks()
-        else:
-            parent = spread.parent_of(me, settings.fanout)
-            address = _get(store, f"{prefix}addr/{parent}", deadline, f"node {parent}'s address (its parent in the tree)")
-            chunks = spread.Upstream(address, sent["token"], me).chunks(sent["size"])
-        relay.accept(min(deadline, time.monotonic() + ACCEPT_S))
-        shown = progress.Progress(settings.timeout_s)
-        count = 0
+    shown = progress.Progress(settings.timeout_s)
+    count = 0
 
+    def consume(chunks, forward) -> None:  # type: ignore[no-untyped-def]
         def passed(chunk: bytes) -> None:
             nonlocal count
-            relay.forward(chunk)
+            forward(chunk)
             count += len(chunk)
-            if me == 0:
+            if plan.node_rank == 0:
                 shown.tick(lambda: f"staging the environment: {count / 2**20:.0f} of {sent['size'] / 2**20:.0f} MiB sent")
 
         unpack.receive(chunks, copies_dir, named["key"], named["roots"], sent["size"], sent["digest"], passed, keep=not have)
-    finally:
-        relay.close()
+
+    spread.take_part(store, prefix, plan.node_rank, plan.nnodes, plan.local_addr or plan.master_addr or socket.gethostname(), sent["token"],
+                     sent["size"], consume, made.chunks() if made is not None else None, settings.fanout, deadline, ACCEPT_S)
 
 
 def _verdict(plan: Plan, store, prefix: str, outcome: Staged | str, deadline: float) -> dict:  # type: ignore[no-untyped-def]
@@ -192,12 +187,12 @@ def _verdict(plan: Plan, store, prefix: str, outcome: Staged | str, deadline: fl
             failed = store.add(prefix + "failed", 0)
             first = store.get(prefix + "first").decode() if failed else ""
             store.set(prefix + "verdict", json.dumps({"failed": failed, "first": first, "absent": plan.nnodes - done}))
-        verdict = json.loads(_get(store, prefix + "verdict", deadline + READ_S, "node 0's verdict"))
+        verdict = json.loads(spread.wait_for(store, prefix + "verdict", deadline + READ_S, "node 0's verdict"))
         store.add(prefix + "read", 1)
         if plan.node_rank == 0:
             _count(store, prefix + "read", plan.nnodes, time.monotonic() + READ_S, "", quiet=True)
         return verdict
-    except (_Problem, RuntimeError) as exc:  # torch's store errors are RuntimeErrors
+    except (_Problem, spread.SpreadError, RuntimeError) as exc:  # torch's store errors are RuntimeErrors
         return {"failed": 1, "first": f"{_host(plan)}: {exc}", "absent": 0, "lost": True}
 
 
@@ -238,15 +233,6 @@ def _fix(line: str) -> str:
 
 def _host(plan: Plan) -> str:
     return plan.nodes[plan.node_rank] if plan.node_rank < len(plan.nodes) else socket.gethostname()
-
-
-def _get(store, key: str, deadline: float, what: str) -> str:  # type: ignore[no-untyped-def]
-    left = deadline - time.monotonic()
-    try:
-        store.wait([key], datetime.timedelta(seconds=max(1.0, left)))
-        return store.get(key).decode()
-    except RuntimeError:  # torch's store timeout and lost connection (DistStoreError, DistNetworkError)
-        raise _Problem(f"waited {max(1.0, left):.0f} s for {what}") from None
 
 
 def _count(store, key: str, target: int, deadline: float, what: str, quiet: bool = False) -> int:  # type: ignore[no-untyped-def]

@@ -10,9 +10,10 @@ for as long, is gone; a child dropped takes its subtree with it, and each of tho
 
 from __future__ import annotations
 
+import datetime
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 FANOUT = 4
 CHUNK = 1 << 20
@@ -151,3 +152,40 @@ class Upstream:
                 yield chunk
         finally:
             self.conn.close()
+
+
+Consume = Callable[[Iterator[bytes], Callable[[bytes], None]], None]
+"""What a node does with the pack: reads every chunk, passing each to the given forward first."""
+
+
+def take_part(store, prefix: str, node: int, nnodes: int, host: str, token: str, size: int, consume: Consume,  # type: ignore[no-untyped-def]
+              source: Iterable[bytes] | None = None, fanout: int = FANOUT, deadline: float | None = None,
+              accept_s: float = 30.0, idle_s: float = IDLE_S) -> None:
+    """A node's part in spreading ``size`` bytes: node 0 reads ``source``, every other node its
+    parent (found at ``<prefix>addr/<parent>`` in ``store``); each chunk goes to the children
+    (who connect within ``accept_s``) and to ``consume``."""
+    deadline = time.monotonic() + 3600.0 if deadline is None else deadline
+    relay = Relay(node, nnodes, host, token, fanout, idle_s)
+    try:
+        if relay.children:
+            store.set(f"{prefix}addr/{node}", relay.address)
+        if source is not None:
+            chunks: Iterator[bytes] = iter(source)
+        else:
+            parent = parent_of(node, fanout)
+            address = wait_for(store, f"{prefix}addr/{parent}", deadline, f"node {parent}'s address (its parent in the tree)")
+            chunks = Upstream(address, token, node, idle_s).chunks(size)
+        relay.accept(min(deadline, time.monotonic() + accept_s))
+        consume(chunks, relay.forward)
+    finally:
+        relay.close()
+
+
+def wait_for(store, key: str, deadline: float, what: str) -> str:  # type: ignore[no-untyped-def]
+    """``key``'s value once it is set, within ``deadline``; else SpreadError naming ``what``."""
+    left = max(1.0, deadline - time.monotonic())
+    try:
+        store.wait([key], datetime.timedelta(seconds=left))
+        return store.get(key).decode()
+    except RuntimeError:  # torch's store timeout and lost connection (DistStoreError, DistNetworkError)
+        raise SpreadError(f"waited {left:.0f} s for {what}") from None

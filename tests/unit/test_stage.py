@@ -1,0 +1,265 @@
+"""--stage-env's parts on real files, sockets and torch's TCPStore: what is copied and its key,
+the pack, relocation, the tree that spreads the pack, and the copy each node makes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctorch import staged
+from hpctorch.cli.main import main
+from hpctorch.cli.parser import parser, stage_paths
+from hpctorch.errors import HpctorchError
+from hpctorch.stage import environment, pack, relocate, spread, unpack
+
+
+def make_env(root: Path, base: Path) -> Path:
+    """A venv-shaped folder whose interpreter link and scripts name ``root`` and ``base``."""
+    (root / "bin").mkdir(parents=True)
+    (root / "lib" / "python3.11" / "site-packages" / "pkg").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text(f"home = {base}/bin\nexecutable = {base}/bin/python3.11\ncommand = {base}/bin/python3 -m venv {root}\n")
+    (root / "bin" / "tool").write_text(f"#!{root}/bin/python\nprint('hi')\n")
+    (root / "bin" / "activate").write_text(f"VIRTUAL_ENV='{root}'\nOTHER={root}2/bin\n")
+    (root / "bin" / "tool").chmod(0o755)
+    os.symlink(f"{base}/bin/python3", root / "bin" / "python")
+    os.symlink("/usr/bin/env", root / "bin" / "outside")
+    site = root / "lib" / "python3.11" / "site-packages"
+    (site / "pkg" / "__init__.py").write_text("VALUE = 1\n")
+    (site / "inside.pth").write_text(f"{root}/lib/extra\n")
+    (site / "__editable__.project.pth").write_text("/home/me/project/src\n")
+    (base / "bin").mkdir(parents=True)
+    (base / "bin" / "python3").write_bytes(b"\x7fELF\0binary naming " + str(base).encode())
+    return root
+
+
+def test_source_takes_the_venv_and_a_base_that_is_not_the_systems(tmp_path: Path) -> None:
+    venv, base = tmp_path / "venv", tmp_path / "pyenv"
+    make_env(venv, base)
+    chosen = environment.source(prefix=str(venv), base_prefix=str(base), executable=str(venv / "bin" / "python"))
+    assert chosen.roots == (str(venv), str(base)) or chosen.roots == (str(base), str(venv))
+    assert chosen.python == str(venv / "bin" / "python")  # the link's name: its folder holds pyvenv.cfg
+    system = environment.source(prefix=str(venv), base_prefix="/usr", executable=str(venv / "bin" / "python"))
+    assert system.roots == (str(venv),)
+    nested = environment.source([str(venv / "lib")], prefix=str(venv), base_prefix=str(venv), executable="/x/python")
+    assert nested.roots == (str(venv),)
+    with pytest.raises(HpctorchError, match="no such folder"):
+        environment.source([str(tmp_path / "missing")], prefix=str(venv), base_prefix=str(venv))
+
+
+def test_the_key_changes_with_any_file_and_only_then(tmp_path: Path) -> None:
+    venv = make_env(tmp_path / "venv", tmp_path / "base")
+    first = environment.key([str(venv)])
+    assert environment.key([str(venv)]) == first
+    assert first.files >= 8
+    init = venv / "lib" / "python3.11" / "site-packages" / "pkg" / "__init__.py"
+    init.write_text("VALUE = 2\n")
+    os.utime(init, ns=(0, 12345))
+    assert environment.key([str(venv)]).digest != first.digest
+    second = environment.key([str(venv)])
+    (venv / "bin" / "python").unlink()
+    os.symlink("/elsewhere/python3", venv / "bin" / "python")
+    assert environment.key([str(venv)]).digest != second.digest
+
+
+def test_a_pack_is_made_once_and_kept(tmp_path: Path) -> None:
+    venv = make_env(tmp_path / "venv", tmp_path / "base")
+    base = tmp_path / "stage"
+    base.mkdir()
+    made = pack.pack([str(venv)], "k1", str(base))
+    data = b"".join(made.chunks())
+    assert len(data) == made.size and hashlib.sha256(data).hexdigest() == made.digest
+    assert os.stat(made.path).st_mode & 0o777 == 0o600
+    mtime = os.stat(made.path).st_mtime_ns
+    again = pack.pack([str(venv)], "k1", str(base))
+    assert again == made and os.stat(made.path).st_mtime_ns >= mtime
+    assert not [p for p in (base / "packs").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_relocation_mends_links_scripts_config_and_pth_files_and_nothing_else(tmp_path: Path) -> None:
+    venv, base = make_env(tmp_path / "venv", tmp_path / "base"), tmp_path / "base"
+    copies_dir = tmp_path / "copies"
+    copies_dir.mkdir(mode=0o700)
+    (tmp_path / "node0").mkdir()
+    made = pack.pack([str(venv), str(base)], "key", str(tmp_path / "node0"))
+    unpack.receive(made.chunks(), str(copies_dir), "key", [str(venv), str(base)], made.size, made.digest)
+    copy, copy_base = copies_dir / "key" / "0", copies_dir / "key" / "1"
+    assert os.readlink(copy / "bin" / "python") == f"{copy_base}/bin/python3"
+    assert os.readlink(copy / "bin" / "outside") == "/usr/bin/env"
+    assert (copy / "pyvenv.cfg").read_text().startswith(f"home = {copy_base}/bin\n")
+    assert (copy / "bin" / "tool").read_text().startswith(f"#!{copy}/bin/python\n")
+    assert os.access(copy / "bin" / "tool", os.X_OK)
+    assert (copy / "bin" / "activate").read_text() == f"VIRTUAL_ENV='{copy}'\nOTHER={venv}2/bin\n"  # /venv2 is another folder
+    site = copy / "lib" / "python3.11" / "site-packages"
+    assert (site / "inside.pth").read_text() == f"{copy}/lib/extra\n"
+    assert (site / "__editable__.project.pth").read_text() == "/home/me/project/src\n"  # the project stays where it is
+    assert str(base).encode() in (copy_base / "bin" / "python3").read_bytes()  # a program is never rewritten
+    assert unpack.ready(str(copies_dir), "key")
+    assert unpack.copies_of(str(copies_dir), "key") == {str(venv): str(copy), str(base): str(copy_base)}
+    assert relocate.relocate({}, str(tmp_path)) == 0
+
+
+def test_a_damaged_pack_leaves_no_copy(tmp_path: Path) -> None:
+    venv = make_env(tmp_path / "venv", tmp_path / "base")
+    (tmp_path / "stage").mkdir()
+    made = pack.pack([str(venv)], "key", str(tmp_path / "stage"))
+    data = bytearray(b"".join(made.chunks()))
+    data[700] ^= 0xFF  # inside the first member's header or data
+    copies_dir = tmp_path / "copies"
+    copies_dir.mkdir(mode=0o700)
+    with pytest.raises(unpack.UnpackError):
+        unpack.receive([bytes(data)], str(copies_dir), "key", [str(venv)], made.size, made.digest)
+    with pytest.raises(unpack.UnpackError, match="received"):
+        unpack.receive([bytes(data[:1000])], str(copies_dir), "key", [str(venv)], made.size, made.digest, keep=False)
+    assert not unpack.ready(str(copies_dir), "key")
+    assert list(copies_dir.iterdir()) == []
+
+
+def test_the_tree_shape() -> None:
+    assert spread.children_of(0, 10, 3) == [1, 2, 3]
+    assert spread.children_of(3, 10, 3) == []
+    assert [spread.parent_of(n, 3) for n in (1, 3, 4, 9)] == [0, 0, 1, 2]
+    assert spread.depth_of(1) == 0 and spread.depth_of(5, 4) == 1 and spread.depth_of(6, 4) == 2
+    assert spread.depth_of(4096, 4) == 6
+
+
+def _store(server: bool, port: int = 0):  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, None, server, timedelta(seconds=30), wait_for_workers=False, multi_tenant=True)
+
+
+def test_the_tree_brings_every_node_the_same_bytes_and_a_stranger_gets_nothing() -> None:
+    payload = os.urandom(3 * spread.CHUNK + 12345)
+    nnodes, fanout = 11, 2
+    server = _store(True)
+    got: dict[int, bytes] = {}
+    errors: dict[int, str] = {}
+
+    def node(me: int) -> None:
+        store = server if me == 0 else _store(False, server.port)
+        parts: list[bytes] = []
+
+        def consume(chunks, forward) -> None:  # type: ignore[no-untyped-def]
+            for chunk in chunks:
+                forward(chunk)
+                parts.append(chunk)
+
+        source = [payload[i:i + 65536] for i in range(0, len(payload), 65536)] if me == 0 else None
+        try:
+            spread.take_part(store, "t/", me, nnodes, "127.0.0.1", "secret", len(payload), consume, source, fanout, time.monotonic() + 60)
+            got[me] = b"".join(parts)
+        except spread.SpreadError as exc:
+            errors[me] = str(exc)
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in range(nnodes)]
+    for thread in threads:
+        thread.start()
+    # A stranger that read node 0's address connects with the wrong token: refused, the tree goes on.
+    address = spread.wait_for(server, "t/addr/0", time.monotonic() + 30, "node 0")
+    with pytest.raises(spread.SpreadError):
+        list(spread.Upstream(address, "guess", 1, idle_s=5).chunks(10))
+    for thread in threads:
+        thread.join(120)
+    assert not errors
+    assert got == {n: payload for n in range(nnodes)}
+
+
+def test_a_parent_that_goes_away_takes_its_subtree_which_says_so() -> None:
+    payload = os.urandom(4 * spread.CHUNK)
+    server = _store(True)
+    errors: dict[int, str] = {}
+    done: list[int] = []
+
+    def node(me: int) -> None:
+        store = server if me == 0 else _store(False, server.port)
+
+        def consume(chunks, forward) -> None:  # type: ignore[no-untyped-def]
+            for index, chunk in enumerate(chunks):
+                if me == 1 and index == 1:
+                    raise spread.SpreadError("node 1 dies")
+                forward(chunk)
+
+        source = [payload[i:i + spread.CHUNK] for i in range(0, len(payload), spread.CHUNK)] if me == 0 else None
+        try:
+            spread.take_part(store, "d/", me, 5, "127.0.0.1", "tok", len(payload), consume, source, 1, time.monotonic() + 60, idle_s=10)
+            done.append(me)
+        except spread.SpreadError as exc:
+            errors[me] = str(exc)
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in range(5)]  # a chain: 0 -> 1 -> 2 -> 3 -> 4
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert done == [0]
+    assert errors[1] == "node 1 dies"
+    assert set(errors) == {1, 2, 3, 4}
+    assert "went away" in errors[2] and f"of {len(payload)} bytes" in errors[2]
+
+
+def test_the_staged_interpreter_and_paths() -> None:
+    env = {staged.ENV: '{"python": "/l/0/bin/python", "roots": {"/env": "/l/0", "/env/base": "/l/1"}}'}
+    assert staged.python(env) == "/l/0/bin/python"
+    assert staged.python({}) == sys.executable
+    assert staged.map_path("/env/lib/x.py", env) == "/l/0/lib/x.py"
+    assert staged.map_path("/env/base/bin", env) == "/l/1/bin"
+    assert staged.map_path("/env2/x", env) == "/env2/x"
+    assert staged.map_path("/env", {}) == "/env"
+
+
+def test_stage_env_with_a_folder_is_read_from_hpctorchs_options_only() -> None:
+    top = parser("run")
+    argv = ["run", "--nproc-per-node", "2", "--stage-env=/opt/libs", "--stage-env=try", "train.py", "--stage-env=mine"]
+    args = top.parse_args(stage_paths(top, argv))
+    assert args.stage_env == "try" and args.stage_paths == ["/opt/libs"]
+    assert args.script == "train.py" and args.script_args == ["--stage-env=mine"]
+    plain = top.parse_args(stage_paths(top, ["run", "--stage-env", "train.py"]))
+    assert plain.stage_env == "on" and plain.script == "train.py" and plain.stage_paths == []
+
+
+def test_bad_stage_settings_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("pass\n")
+    assert main(["run", "--stage-env", "--stage-dir", str(tmp_path / "nope"), str(script)]) == 2
+    assert "--stage-dir" in capsys.readouterr().err
+    assert main(["run", f"--stage-env={tmp_path / 'nope'}", str(script)]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    monkeypatch.setenv("HPCTORCH_STAGE_TIMEOUT_S", "soon")
+    assert main(["run", "--stage-env", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "HPCTORCH_STAGE_TIMEOUT_S" in err and err.count("\n") == 1
+
+
+def test_scratch_is_local_tmp_unless_tmp_is_a_network_file_system(tmp_path: Path) -> None:
+    from hpctorch.host import folders
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/vda / ext4 rw 0 0\n")
+    assert folders.local_scratch(str(mounts)) == "/tmp"
+    mounts.write_text("/dev/vda / ext4 rw 0 0\nserver:/tmp /tmp nfs4 rw 0 0\n")
+    assert folders.local_scratch(str(mounts)) == ("/dev/shm" if folders.polling_root() else "/tmp")
+    assert folders.file_system_of("/tmp/x/y", str(mounts)) == "nfs4"
+
+
+def test_a_staged_copy_runs_python_from_its_new_place(tmp_path: Path) -> None:
+    """A real venv (made here, without pip) staged, and its copy's interpreter started."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (tmp_path / "stage").mkdir()
+    roots = [os.path.realpath(venv)]
+    made = pack.pack(roots, "v", str(tmp_path / "stage"))
+    copies_dir = tmp_path / "copies"
+    copies_dir.mkdir(mode=0o700)
+    unpack.receive(made.chunks(), str(copies_dir), "v", roots, made.size, made.digest)
+    python = staged.map_with(unpack.copies_of(str(copies_dir), "v"), os.path.join(roots[0], "bin", "python"))
+    out = subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == str(copies_dir / "v" / "0")
