@@ -263,3 +263,48 @@ def test_a_staged_copy_runs_python_from_its_new_place(tmp_path: Path) -> None:
     python = staged.map_with(unpack.copies_of(str(copies_dir), "v"), os.path.join(roots[0], "bin", "python"))
     out = subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, check=True).stdout.strip()
     assert out == str(copies_dir / "v" / "0")
+
+
+def test_the_python_store_client_speaks_with_torchs_own_tcpstore() -> None:
+    from datetime import timedelta
+
+    from hpctorch.stage import storeclient
+
+    server = _store(True)
+    client = storeclient.connect("127.0.0.1", server.port, 10)
+    client.set("a/b", "from python")
+    assert server.get("a/b") == b"from python"
+    server.set("t", b"from torch")
+    assert client.get("t") == b"from torch"
+    assert client.add("n", 3) == 3 and server.add("n", 2) == 5 and client.add("n", 0) == 5
+    assert client.compare_set("c", "", "first") == b"first" and client.compare_set("c", "", "second") == b"first"
+    with pytest.raises(storeclient.StoreError, match="timeout"):
+        client.wait(["never"], timedelta(seconds=0.5))
+    assert client.add("n", 1) == 6  # the cancelled wait left the connection usable
+    threading.Timer(0.3, lambda: server.set("later", "v")).start()
+    assert client.get("later") == b"v"
+
+
+def test_a_server_that_answers_otherwise_is_a_protocol_mismatch_and_a_missing_one_times_out() -> None:
+    import socket as sockets
+
+    from hpctorch.stage import storeclient
+
+    listener = sockets.create_server(("127.0.0.1", 0))
+
+    def answer_wrong() -> None:
+        conn, _ = listener.accept()
+        conn.recv(64)
+        conn.sendall(b"\x00\x00\x00\x00")
+        time.sleep(1)
+        conn.close()
+
+    threading.Thread(target=answer_wrong, daemon=True).start()
+    with pytest.raises(storeclient.ProtocolMismatch):
+        storeclient.connect("127.0.0.1", listener.getsockname()[1], 5)
+    port = listener.getsockname()[1]
+    listener.close()
+    started = time.monotonic()
+    with pytest.raises(storeclient.StoreError, match="could not reach"):
+        storeclient.connect("127.0.0.1", port, 1)
+    assert time.monotonic() - started < 30

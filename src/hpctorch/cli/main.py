@@ -208,6 +208,7 @@ def _run(args: argparse.Namespace) -> int:
                 return 0  # a spare's rank
             plan = kept
             launch.check_master_port(plan)
+        staging.stage(args, plan, stage_settings)
         launch.exec_per_task(plan)
     if plan.node_rank == 0 and not args.quiet:  # one copy per job, not one per node
         from ..plan.render import banner, table

@@ -22,10 +22,10 @@ def settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def check_mode(args: argparse.Namespace, plan: Plan) -> None:
-    if args.stage_env and plan.mode in ("per-task", "unchanged"):
-        raise HpctorchError(f"--stage-env needs one hpctorch per node, and this is a {plan.mode} run "
-                            f"({plan.reasons.get('mode', 'every rank started by the launcher')})",
-                            "start one hpctorch per node (e.g. srun --ntasks-per-node=1 hpctorch run --nproc-per-node N --stage-env ...)")
+    if args.stage_env and plan.mode == "unchanged":
+        raise HpctorchError(f"--stage-env needs hpctorch to start the workers, and this is an {plan.mode} run "
+                            f"({plan.reasons.get('mode', 'every variable set by the launcher')})",
+                            "start hpctorch run with srun, mpirun or on each node instead of under torchrun")
 
 
 def stage(args: argparse.Namespace, plan: Plan, chosen) -> None:  # type: ignore[no-untyped-def]
@@ -33,17 +33,20 @@ def stage(args: argparse.Namespace, plan: Plan, chosen) -> None:  # type: ignore
     if chosen is None:
         return
     from .. import timings
-    from ..guard.screen import connect
+    from ..stage.node import open_store
     from ..stage.node import stage as stage_node
 
     started = time.monotonic()
-    copy = stage_node(plan, chosen, lambda: connect(plan, plan.rdzv_timeout, what="staging the environment"))
+    # Per task, each node's first rank takes the node's part; the node's other ranks use its copy.
+    first = plan.mode != "per-task" or plan.workers[0].env.get("HPCTORCH_LOCAL_TASK_RANK", str(plan.workers[0].local_rank)) == "0"
+    listeners = plan.world_size - plan.nnodes if plan.mode == "per-task" else 0
+    copy = stage_node(plan, chosen, lambda: open_store(plan, plan.is_master and first), first, listeners)
     timings.mark("environment staged")
     if copy is None:
         return
     copy.export(os.environ)  # type: ignore[arg-type]
     if plan.starter == "torch" and not plan.simulated:
         copy.adopt()  # torch's agent imports torch in this process
-    if plan.node_rank == 0 and not args.quiet:
+    if plan.node_rank == 0 and first and not args.quiet:
         print(f"hpctorch: the workers run from a copy of {', '.join(copy.copies)} on each node's own disk "
               f"({os.path.dirname(next(iter(copy.copies.values())))}, {time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)

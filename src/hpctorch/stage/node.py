@@ -29,7 +29,7 @@ from .. import progress, staged
 from ..errors import HpctorchError
 from ..host import folders
 from ..plan.types import Plan
-from . import environment, pack, spread, unpack
+from . import environment, pack, spread, storeclient, unpack
 
 TIMEOUT_S = 600.0
 """Default bound on a node's whole staging (``HPCTORCH_STAGE_TIMEOUT_S``)."""
@@ -101,18 +101,58 @@ class _Problem(Exception):
     pass
 
 
-def stage(plan: Plan, settings: Settings, connect: Callable[[], object] | None = None) -> Staged | None:
+def open_store(plan: Plan, serve: bool):  # type: ignore[no-untyped-def]
+    """The master's store for the staging: node 0 serves it with torch's TCPStore; everyone else
+    reaches it without importing torch from the shared path (``storeclient``), unless that
+    server speaks another torch's protocol."""
+    from ..guard.screen import connect
+
+    if not serve:
+        try:
+            return storeclient.connect(plan.master_addr or "", plan.master_port, plan.rdzv_timeout)
+        except storeclient.ProtocolMismatch as exc:
+            print(f"hpctorch: node 0's store answers in another torch's way ({exc}): torch is imported here to reach it",
+                  file=sys.stderr, flush=True)
+        except storeclient.StoreError as exc:
+            raise HpctorchError(f"{exc} for staging the environment",
+                                "check that node 0 started and is reachable on the chosen interface ('hpctorch plan' says which), "
+                                "or raise --rdzv-timeout") from None
+    return connect(plan, plan.rdzv_timeout, serve=serve, what="staging the environment")
+
+
+def stage(plan: Plan, settings: Settings, connect: Callable[[], object] | None = None, first: bool = True,
+          listeners: int = 0) -> Staged | None:
     """This node's part; its copy, or None where it runs from the shared path (``try``).
-    ``connect`` opens the master's store (several nodes); one node or simulated nodes need none."""
+    ``connect`` opens the master's store (several nodes, or several ranks per task); a lone
+    starter or simulated nodes need none. Per task, the node's ``first`` rank takes the node's
+    part and its other ranks (``listeners`` in the whole job) use the copy it made."""
     base = folders.stage_dir(settings.stage_root)
     copies_dir = folders.private_dir(os.path.join(base, "copies"))
-    if connect is None or plan.nnodes == 1 or plan.simulated:
+    if connect is None or plan.simulated or (plan.nnodes == 1 and not listeners):
         return _decide(plan, settings, _alone(settings, base, copies_dir), None)
     store = connect()
     try:
-        return _together(plan, settings, store, base, copies_dir)
+        if not first:
+            return _follow(plan, settings, store, copies_dir)
+        return _together(plan, settings, store, base, copies_dir, listeners)
     finally:
         del store
+
+
+def _follow(plan: Plan, settings: Settings, store, copies_dir: str) -> Staged | None:  # type: ignore[no-untyped-def]
+    """A node's other rank (per task): the copy its first rank made, once node 0 gave the verdict."""
+    prefix = f"hpctorch/{plan.run_id}/stage/"
+    deadline = time.monotonic() + settings.timeout_s
+    verdict = None
+    try:
+        named = json.loads(spread.wait_for(store, prefix + "key", deadline, "node 0 to name the environment"))
+        verdict = json.loads(spread.wait_for(store, prefix + "verdict", deadline + READ_S, "node 0's verdict"))
+        store.add(prefix + "read", 1)
+        outcome: Staged | str = _staged(copies_dir, named["key"], named["python"]) if unpack.ready(copies_dir, named["key"]) else \
+            "its first rank made no copy"
+    except (spread.SpreadError, RuntimeError, OSError) as exc:
+        outcome = _line(exc)
+    return _decide(plan, settings, outcome, verdict, speaks=False)
 
 
 def _alone(settings: Settings, base: str, copies_dir: str) -> Staged | str:
@@ -127,7 +167,8 @@ def _alone(settings: Settings, base: str, copies_dir: str) -> Staged | str:
         return _line(exc)
 
 
-def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str) -> Staged | None:  # type: ignore[no-untyped-def]
+def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,  # type: ignore[no-untyped-def]
+              listeners: int = 0) -> Staged | None:
     prefix = f"hpctorch/{plan.run_id}/stage/"
     me, nnodes = plan.node_rank, plan.nnodes
     deadline = time.monotonic() + settings.timeout_s
@@ -153,7 +194,7 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str)
         outcome = _staged(copies_dir, key, named["python"])
     except (OSError, _Problem, spread.SpreadError, unpack.UnpackError, HpctorchError) as exc:
         outcome = _line(exc)
-    return _decide(plan, settings, outcome, _verdict(plan, store, prefix, outcome, deadline))
+    return _decide(plan, settings, outcome, _verdict(plan, store, prefix, outcome, deadline, listeners))
 
 
 def _spread(plan: Plan, settings: Settings, store, prefix: str, sent: dict, named: dict, copies_dir: str,  # type: ignore[no-untyped-def]
@@ -175,8 +216,9 @@ def _spread(plan: Plan, settings: Settings, store, prefix: str, sent: dict, name
                      sent["size"], consume, made.chunks() if made is not None else None, settings.fanout, deadline, ACCEPT_S)
 
 
-def _verdict(plan: Plan, store, prefix: str, outcome: Staged | str, deadline: float) -> dict:  # type: ignore[no-untyped-def]
-    """Every node's outcome, as node 0 sums it up: ``failed``, ``first`` (a line), ``absent``."""
+def _verdict(plan: Plan, store, prefix: str, outcome: Staged | str, deadline: float, listeners: int) -> dict:  # type: ignore[no-untyped-def]
+    """Every node's outcome, as node 0 sums it up: ``failed``, ``first`` (a line), ``absent``;
+    node 0's store stays until every node and listener read it, or a moment passed."""
     try:
         if isinstance(outcome, str):
             store.compare_set(prefix + "first", "", f"{_host(plan)}: {outcome}")
@@ -190,13 +232,17 @@ def _verdict(plan: Plan, store, prefix: str, outcome: Staged | str, deadline: fl
         verdict = json.loads(spread.wait_for(store, prefix + "verdict", deadline + READ_S, "node 0's verdict"))
         store.add(prefix + "read", 1)
         if plan.node_rank == 0:
-            _count(store, prefix + "read", plan.nnodes, time.monotonic() + READ_S, "", quiet=True)
+            _count(store, prefix + "read", plan.nnodes + listeners, time.monotonic() + READ_S, "", quiet=True)
         return verdict
     except (_Problem, spread.SpreadError, RuntimeError) as exc:  # torch's store errors are RuntimeErrors
         return {"failed": 1, "first": f"{_host(plan)}: {exc}", "absent": 0, "lost": True}
 
 
-def _decide(plan: Plan, settings: Settings, outcome: Staged | str, verdict: dict | None) -> Staged | None:
+def _decide(plan: Plan, settings: Settings, outcome: Staged | str, verdict: dict | None, speaks: bool = True) -> Staged | None:
+    if isinstance(outcome, str) and not speaks:
+        if settings.fallback:
+            return None
+        raise HpctorchError("")  # the node's first rank says why
     if isinstance(outcome, str):
         if settings.fallback:
             print(f"hpctorch: {_host(plan)} could not stage the environment ({outcome}); it runs from the shared path (--stage-env=try)",
@@ -204,7 +250,7 @@ def _decide(plan: Plan, settings: Settings, outcome: Staged | str, verdict: dict
             return None
         raise HpctorchError(f"{_host(plan)} could not stage the environment: {outcome}", _fix(outcome))
     if verdict and (verdict["failed"] or verdict["absent"]) and not settings.fallback:
-        if plan.node_rank != 0:
+        if plan.node_rank != 0 or not speaks:
             raise HpctorchError("")  # node 0 says it for the job, the node itself why
         what = verdict["first"] or f"{verdict['absent']} node(s) did not finish within {settings.timeout_s:.0f} s"
         raise HpctorchError(f"{verdict['failed'] + verdict['absent']} of {plan.nnodes} nodes could not stage the environment (first: {what})",

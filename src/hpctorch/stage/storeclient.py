@@ -1,0 +1,150 @@
+"""A client of torch's own TCPStore, in Python, for the processes that must not import torch
+before their environment is staged: importing torch from the shared file system to fetch the
+environment that spares them importing it from there would undo the point.
+
+It speaks the protocol of torch's TCPStore client (torch/csrc/distributed/c10d/TCPStore.cpp,
+TCPStoreBackend.hpp, torch >= 2.4): a connection opens with VALIDATE and its magic number,
+then PING with a nonce the server echoes; each request is a query byte, strings and byte
+vectors prefixed by their uint64 length, integers little-endian; every key carries the
+client's "/" prefix. The server stays torch's (node 0's ``TCPStore``). A server that does not
+answer the handshake (another torch) raises ``ProtocolMismatch``, and the caller falls back on
+torch's own client.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import struct
+import time
+from collections.abc import Sequence
+
+VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET, CANCEL_WAIT, PING = range(14)
+MAGIC = 0x3C85F7CE
+STOP_WAITING, WAIT_CANCELED = 0, 1
+KEY_PREFIX = "/"
+HANDSHAKE_S = 5.0
+
+
+class StoreError(RuntimeError):
+    """A request failed or timed out (a RuntimeError, as torch's own store errors are)."""
+
+
+class ProtocolMismatch(StoreError):
+    """The server did not answer as torch >= 2.4's TCPStore does."""
+
+
+def _string(text: str | bytes) -> bytes:
+    data = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(data)) + data
+
+
+class StoreClient:
+    """set, get, add, compare_set and wait on torch's TCPStore at ``host``:``port``."""
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.conn = socket.create_connection((host, port), timeout=min(timeout_s, HANDSHAKE_S))
+        self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        nonce = os.getpid() & 0xFFFFFFFF
+        try:
+            self.conn.sendall(struct.pack("<BI", VALIDATE, MAGIC) + struct.pack("<BI", PING, nonce))
+            answer = struct.unpack("<I", self._exactly(4))[0]
+        except (OSError, StoreError) as exc:
+            self.close()
+            raise ProtocolMismatch(f"no answer to the handshake ({exc})") from None
+        if answer != nonce:
+            self.close()
+            raise ProtocolMismatch(f"the handshake's nonce came back as {answer}, not {nonce}")
+        self.conn.settimeout(timeout_s)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __del__(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 - interpreter teardown
+            pass
+
+    def _exactly(self, count: int) -> bytes:
+        data = bytearray()
+        while len(data) < count:
+            try:
+                part = self.conn.recv(count - len(data))
+            except (TimeoutError, socket.timeout):
+                raise StoreError("the store did not answer in time") from None
+            except OSError as exc:
+                raise StoreError(f"the store's connection failed: {exc.strerror or exc}") from None
+            if not part:
+                raise StoreError("the store closed the connection")
+            data += part
+        return bytes(data)
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.conn.sendall(data)
+        except OSError as exc:
+            raise StoreError(f"the store's connection failed: {exc.strerror or exc}") from None
+
+    def _bytes(self) -> bytes:
+        return self._exactly(struct.unpack("<Q", self._exactly(8))[0])
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._send(bytes([SET]) + _string(KEY_PREFIX + key) + _string(value))
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        self._send(bytes([GET]) + _string(KEY_PREFIX + key))
+        return self._bytes()
+
+    def add(self, key: str, amount: int) -> int:
+        self._send(bytes([ADD]) + _string(KEY_PREFIX + key) + struct.pack("<q", amount))
+        return struct.unpack("<q", self._exactly(8))[0]
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        self._send(bytes([COMPARE_SET]) + _string(KEY_PREFIX + key) + _string(expected) + _string(desired))
+        return self._bytes()
+
+    def wait(self, keys: Sequence[str], timeout: datetime.timedelta | None = None) -> None:
+        """Until every key is set; past ``timeout`` (the client's own by default) StoreError, after
+        cancelling the wait as torch's client does, so the connection stays usable."""
+        self._send(bytes([WAIT]) + struct.pack("<Q", len(keys)) + b"".join(_string(KEY_PREFIX + k) for k in keys))
+        limit = self.timeout_s if timeout is None else timeout.total_seconds()
+        self.conn.settimeout(max(0.001, limit))
+        try:
+            answer = self._exactly(1)[0]
+        except StoreError as exc:
+            if "in time" not in str(exc):
+                raise
+            self._cancel()
+            raise StoreError(f"wait timeout after {limit:.0f} s, keys: {', '.join(keys)}") from None
+        finally:
+            self.conn.settimeout(self.timeout_s)
+        if answer != STOP_WAITING:
+            raise StoreError(f"unexpected answer {answer} to a wait")
+
+    def _cancel(self) -> None:
+        self._send(bytes([CANCEL_WAIT]))
+        answer = self._exactly(1)[0]
+        if answer == STOP_WAITING:  # the key came just before the cancel: its answer, then the cancel's
+            answer = self._exactly(1)[0]
+        if answer != WAIT_CANCELED:
+            raise StoreError(f"unexpected answer {answer} to a cancelled wait")
+
+
+def connect(host: str, port: int, timeout_s: float, pause_s: float = 0.05, pause_max_s: float = 1.0) -> StoreClient:
+    """A client once the server answers, retrying refusals with backoff until ``timeout_s``;
+    ``ProtocolMismatch`` at once when a server answers another way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return StoreClient(host, port, timeout_s)
+        except ProtocolMismatch:
+            raise
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise StoreError(f"could not reach the store at {host}:{port} within {timeout_s:.0f} s ({exc.strerror or exc})") from None
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 1.5, pause_max_s)
