@@ -45,8 +45,8 @@ def stage(args: argparse.Namespace, plan: Plan, chosen) -> None:  # type: ignore
     if copy is None:
         return
     copy.export(os.environ)  # type: ignore[arg-type]
-    if plan.starter == "torch" and not plan.simulated:
-        copy.adopt()  # torch's agent imports torch in this process
+    if plan.mode != "per-task":
+        copy.adopt()  # what this process imports from now on (torch's agent: torch) comes from the copy too
     if plan.node_rank == 0 and first and not args.quiet:
         print(f"hpctorch: the workers run from a copy of {', '.join(copy.copies)} on each node's own disk "
               f"({os.path.dirname(next(iter(copy.copies.values())))}, {time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)

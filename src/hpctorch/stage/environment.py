@@ -9,6 +9,7 @@ reuses a copy an earlier job left.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import stat
@@ -24,10 +25,12 @@ SYSTEM_PREFIXES = ("/usr", "/usr/local", "/")
 
 @dataclass(frozen=True)
 class Source:
-    """The folders to copy (real paths, none inside another) and the interpreter to run from them."""
+    """The folders to copy (real paths, none inside another), what in them is left out, and the
+    interpreter to run from them."""
 
     roots: tuple[str, ...]
     python: str
+    skip: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,20 +56,33 @@ def source(extra: Sequence[str] = (), prefix: str = sys.prefix, base_prefix: str
             raise HpctorchError(f"--stage-env: {path} is the system's own folder", "stage the job's environment (a venv or conda env) instead")
         if not any(path.startswith(root + "/") for root in roots):
             roots.append(path)
+    # A venv that leaves out its base's site-packages never imports from there: not copied.
+    skip: list[str] = []
+    if len(roots) > 1 and _isolated_venv(prefix):
+        skip = sorted(glob.glob(os.path.join(os.path.realpath(base_prefix), "lib*", "python*", "site-packages")))
     # The interpreter by the name it was started with (a venv's bin/python is a link whose own
     # folder holds pyvenv.cfg), in its folder's real path.
     python = os.path.join(os.path.realpath(os.path.dirname(executable)), os.path.basename(executable))
-    return Source(tuple(roots), python)
+    return Source(tuple(roots), python, tuple(skip))
 
 
-def key(roots: Sequence[str]) -> Key:
-    """The key of the folders' present state: a walk of stat calls, no file is read."""
+def _isolated_venv(prefix: str) -> bool:
+    try:
+        with open(os.path.join(prefix, "pyvenv.cfg"), encoding="utf-8") as handle:
+            settings = dict(line.split("=", 1) for line in handle if "=" in line)
+    except OSError:
+        return False
+    return {k.strip(): v.strip() for k, v in settings.items()}.get("include-system-site-packages", "false").lower() != "true"
+
+
+def key(roots: Sequence[str], skip: Sequence[str] = ()) -> Key:
+    """The key of the folders' present state, ``skip`` left out: a walk of stat calls, no file is read."""
     digest = hashlib.sha256()
     files = size = 0
     for index, root in enumerate(roots):
         digest.update(f"root {index} {root}\n".encode())
         for folder, dirs, names in os.walk(root):
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if os.path.join(folder, d) not in skip)
             for name in sorted(names + [d for d in dirs if os.path.islink(os.path.join(folder, d))]):
                 path = os.path.join(folder, name)
                 try:

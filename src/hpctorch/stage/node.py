@@ -15,10 +15,8 @@ runs from the shared path; either way it says why in one line.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import secrets
 import socket
 import sys
 import time
@@ -82,7 +80,7 @@ class Staged:
         env["PATH"] = os.pathsep.join([os.path.dirname(self.python), *[p for p in env.get("PATH", "").split(os.pathsep) if p]])
         # A Python built with --enable-shared finds libpython by its RUNPATH, the shared path;
         # LD_LIBRARY_PATH comes first.
-        libs = [os.path.join(c, "lib") for c in self.copies.values() if glob.glob(os.path.join(c, "lib", "libpython*.so*"))]
+        libs = [os.path.join(c, "lib") for c in self.copies.values() if _has_libpython(os.path.join(c, "lib"))]
         if libs:
             env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, *[p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]])
         for name in ("VIRTUAL_ENV", "CONDA_PREFIX"):
@@ -90,11 +88,19 @@ class Staged:
                 env[name] = staged.map_with(self.copies, os.path.realpath(env[name]))
 
     def adopt(self) -> None:
-        """This process imports from the copy from now on (torch's agent, before it imports torch)."""
+        """This process imports from the copy from now on: the starter's own later imports, and
+        torch's agent's torch."""
         import importlib
 
         sys.path[:] = [staged.map_with(self.copies, os.path.realpath(p)) if p else p for p in sys.path]
         importlib.invalidate_caches()
+
+
+def _has_libpython(folder: str) -> bool:
+    try:
+        return any(name.startswith("libpython") and ".so" in name for name in os.listdir(folder))
+    except OSError:
+        return False
 
 
 class _Problem(Exception):
@@ -158,9 +164,9 @@ def _follow(plan: Plan, settings: Settings, store, copies_dir: str) -> Staged | 
 def _alone(settings: Settings, base: str, copies_dir: str) -> Staged | str:
     try:
         source = environment.source(settings.extra)
-        key = environment.key(source.roots).digest
+        key = environment.key(source.roots, source.skip).digest
         if not unpack.ready(copies_dir, key):
-            made = pack.pack(source.roots, key, base)
+            made = pack.pack(source.roots, key, base, source.skip)
             unpack.receive(made.chunks(), copies_dir, key, source.roots, made.size, made.digest)
         return _staged(copies_dir, key, source.python)
     except (OSError, unpack.UnpackError) as exc:
@@ -176,7 +182,8 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
     try:
         if me == 0:
             source = environment.source(settings.extra)
-            store.set(prefix + "key", json.dumps({"key": environment.key(source.roots).digest, "roots": source.roots, "python": source.python}))
+            store.set(prefix + "key", json.dumps({"key": environment.key(source.roots, source.skip).digest, "roots": source.roots,
+                                                  "skip": source.skip, "python": source.python}))
         named = json.loads(spread.wait_for(store, prefix + "key", deadline, "node 0 to name the environment"))
         key = named["key"]
         have = unpack.ready(copies_dir, key)
@@ -186,7 +193,9 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
         if me == 0:
             _count(store, prefix + "reported", nnodes, deadline, "nodes to say whether they have a copy")
             lacking = store.add(prefix + "missing", 0)
-            made = pack.pack(named["roots"], key, base) if lacking else None
+            made = pack.pack(named["roots"], key, base, named["skip"]) if lacking else None
+            import secrets  # node 0 alone: the other nodes import nothing they do not need before their copy is there
+
             store.set(prefix + "pack", json.dumps({"size": made.size, "digest": made.digest, "token": secrets.token_hex(16)} if made else {}))
         sent = json.loads(spread.wait_for(store, prefix + "pack", deadline, "node 0's pack"))
         if sent:

@@ -45,8 +45,9 @@ class _Hashing:
         return self.file.write(data)
 
 
-def pack(roots: Sequence[str], key: str, stage_base: str) -> Pack:
-    """The pack of ``roots`` under ``key`` in ``stage_base``/packs: the kept one, else made now."""
+def pack(roots: Sequence[str], key: str, stage_base: str, skip: Sequence[str] = ()) -> Pack:
+    """The pack of ``roots`` (``skip`` left out) under ``key`` in ``stage_base``/packs: the kept
+    one, else made now."""
     folder = private_dir(os.path.join(stage_base, "packs"))
     path = os.path.join(folder, f"{key}.tar")
     kept = _kept(path)
@@ -64,7 +65,8 @@ def pack(roots: Sequence[str], key: str, stage_base: str) -> Pack:
         # Links stay links (a venv's bin/python); the receiver points those into a staged folder at its copy.
         with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
             for index, root in enumerate(roots):
-                tar.add(root, arcname=str(index), recursive=True)
+                left_out = {os.path.join(str(index), os.path.relpath(path, root)) for path in skip if path.startswith(root + "/")}
+                tar.add(root, arcname=str(index), recursive=True, filter=lambda member: None if member.name in left_out else member)
         out.file.close()
     except BaseException:
         out.file.close()

@@ -1,0 +1,146 @@
+"""--stage-env on 3 real Slurm nodes, 2 ranks each: node 0 packs this test run's own environment
+(the venv and its base interpreter), the pack flows down a chain (fan-out 1: node1 -> node2 ->
+node3, so node2 forwards), every rank imports torch from its own node's copy, and node3's whole
+process tree, counted with strace, makes at most 2% of the file-system calls on the environment's
+paths that it makes without staging (4 ranks per node there). A second job on the same nodes reuses every copy; a node
+without room stops the job before any worker starts, or runs from the shared path with =try."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..conftest import unprefixed
+from .conftest import ONE_THREAD, PYTHON
+from .harness import Cluster
+
+pytestmark = pytest.mark.cluster
+
+WHERE = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    print(f"where host={os.uname().nodename} rank={dist.get_rank()} sum={total.item():.0f} prefix={sys.prefix} torch={torch.__file__}",
+          flush=True)
+    dist.destroy_process_group()
+    os._exit(0)
+""")
+ROOTS = tuple(sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}))
+"""The environment the test run itself runs in: what every node imports from, without staging."""
+
+
+@pytest.fixture(scope="module")
+def stage_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One staging folder for the module: the second job must find the first one's copies."""
+    root = tmp_path_factory.mktemp("stage")
+    root.chmod(0o755)
+    yield root
+    subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def job(cluster: Cluster, job_dir: Path, *flags: str, trace: bool = False, env: str = "", per_node: int = 2) -> tuple[str, str]:
+    (job_dir / "where.py").write_text(WHERE)
+    run = f"{PYTHON} -m hpctorch run {' '.join(flags)} --nproc-per-node {per_node} {job_dir / 'where.py'}"
+    # node3 (the chain's end) runs under strace when asked: its whole process tree, file calls only.
+    step = (f"srun sh -c 'if [ \"$SLURM_NODEID\" = 2 ]; then exec strace -f -qq --seccomp-bpf -e trace=%file -o {job_dir / 'trace'} {run}; "
+            f"else exec {run}; fi'") if trace else f"srun {run}"
+    script = job_dir / "job.sh"
+    script.write_text(f"#!/bin/sh\n{ONE_THREAD}export HPCTORCH_STAGE_FANOUT=1\n{env}{step}\n")
+    return cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=1", timeout=600)
+
+
+def ranks(output: str) -> list[dict[str, str]]:
+    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in unprefixed(output).splitlines() if line.startswith("where ")]
+
+
+def environment_calls(trace: Path) -> int:
+    quoted = tuple(f'"{root}' for root in ROOTS)
+    return sum(1 for line in trace.read_text(errors="replace").splitlines() if any(q in line for q in quoted))
+
+
+def copies(stage_root: Path, host: str) -> Path:
+    return stage_root / f"hpctorch-stage-{os.getuid()}" / host / "copies"
+
+
+def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spared(cluster: Cluster, tmp_path: Path, stage_root: Path) -> None:
+    plain_dir, staged_dir = tmp_path / "plain", tmp_path / "staged"
+    for folder in (plain_dir, staged_dir):
+        folder.mkdir(mode=0o755)
+    # 4 ranks per node, a 4-GPU node's count: what remains with staging is hpctorch's own start
+    # (~650 calls: Python's and hpctorch's imports before the copy is there), the same per node
+    # whatever the rank count; each rank's torch import (~14,000 calls) is what staging spares.
+    state, output = job(cluster, plain_dir, trace=True, per_node=4)
+    assert state == "COMPLETED", output[-3000:]
+    assert {r["torch"].startswith(ROOTS) for r in ranks(output)} == {True}
+    state, output = job(cluster, staged_dir, "--stage-env", "--stage-dir", str(stage_root), trace=True, per_node=4)
+    assert state == "COMPLETED", output[-3000:]
+    seen = ranks(output)
+    assert sorted(int(r["rank"]) for r in seen) == list(range(12)) and {r["sum"] for r in seen} == {"12"}, output[-3000:]
+    for r in seen:
+        assert r["torch"].startswith(str(copies(stage_root, r["host"])) + "/"), r
+        assert r["prefix"].startswith(str(copies(stage_root, r["host"])) + "/"), r
+    assert "hpctorch: the workers run from a copy of" in output
+    # Node 0 alone packed; the others received (node3 from node2, fan-out 1).
+    assert list((stage_root / f"hpctorch-stage-{os.getuid()}" / "node1" / "packs").glob("*.tar"))
+    assert not (stage_root / f"hpctorch-stage-{os.getuid()}" / "node3" / "packs").exists()
+    without, with_staging = environment_calls(plain_dir / "trace"), environment_calls(staged_dir / "trace")
+    print(f"node3's file-system calls on {', '.join(ROOTS)}: {without} without staging, {with_staging} with "
+          f"({100 * with_staging / without:.2f}%)")
+    assert without > 40_000, without  # four ranks importing torch
+    assert with_staging <= 0.02 * without, (with_staging, without)
+
+
+def test_a_second_job_on_the_same_nodes_reuses_every_copy(cluster: Cluster, job_dir: Path, stage_root: Path) -> None:
+    if not all(list(copies(stage_root, host).glob("*/staged.json")) for host in ("node1", "node2", "node3")):
+        state, output = job(cluster, job_dir, "--stage-env", "--stage-dir", str(stage_root))  # run alone: the first job
+        assert state == "COMPLETED", output[-3000:]
+    marks = {host: json.loads(next(copies(stage_root, host).glob("*/staged.json")).read_text())["made"] for host in ("node1", "node2", "node3")}
+    state, output = job(cluster, job_dir, "--stage-env", "--stage-dir", str(stage_root))
+    assert state == "COMPLETED", output[-3000:]
+    assert {host: json.loads(next(copies(stage_root, host).glob("*/staged.json")).read_text())["made"] for host in marks} == marks
+    assert all(r["torch"].startswith(str(copies(stage_root, r["host"]))) for r in ranks(output))
+
+
+@pytest.fixture
+def full_node3(stage_root: Path) -> Iterator[None]:
+    """node3's staging folder is a 1 MiB file system of its own (a full node-local disk)."""
+    folder = stage_root / f"hpctorch-stage-{os.getuid()}" / "node3"
+    folder.parent.mkdir(mode=0o700, exist_ok=True)
+    aside = folder.with_name("node3.aside")
+    if folder.exists():
+        folder.rename(aside)
+    folder.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(folder)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+        folder.rmdir()
+        if aside.exists():
+            aside.rename(folder)
+
+
+def test_a_node_without_room_stops_the_job_before_its_workers_or_runs_from_the_shared_path(
+        cluster: Cluster, job_dir: Path, stage_root: Path, full_node3: None) -> None:
+    state, output = job(cluster, job_dir, "--stage-env", "--stage-dir", str(stage_root))
+    assert state == "FAILED", output[-3000:]
+    assert ranks(output) == [], output[-3000:]  # no worker started
+    assert re.search(r"node3 could not stage the environment: no space for the environment in \S+: it needs [\d.]+ GiB", output), output[-3000:]
+    assert "1 of 3 nodes could not stage the environment (first: node3: no space" in output, output[-3000:]
+    assert "Traceback" not in output
+    state, output = job(cluster, job_dir, "--stage-env=try", "--stage-dir", str(stage_root))
+    assert state == "COMPLETED", output[-3000:]
+    assert "node3 could not stage the environment (no space" in output and "it runs from the shared path" in output, output[-3000:]
+    seen = ranks(output)
+    assert len(seen) == 6
+    for r in seen:
+        assert r["torch"].startswith(ROOTS if r["host"] == "node3" else str(copies(stage_root, r["host"]))), r
