@@ -33,6 +33,13 @@ def python(env: Mapping[str, str] | None = None) -> str:
     return str(data["python"]) if data and data.get("python") else sys.executable
 
 
+def pythons(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The interpreters a plan's Python command may name: this one, and under ``--stage-env``
+    the original one the plan was made with (a simulated node's agent runs from the copy)."""
+    data = _read(env)
+    return (sys.executable, str(data["original"])) if data and data.get("original") else (sys.executable,)
+
+
 def map_path(path: str, env: Mapping[str, str] | None = None) -> str:
     """``path`` inside the staged copy when it lies under a staged folder, else ``path``."""
     data = _read(env)

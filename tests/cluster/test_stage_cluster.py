@@ -144,3 +144,18 @@ def test_a_node_without_room_stops_the_job_before_its_workers_or_runs_from_the_s
     assert len(seen) == 6
     for r in seen:
         assert r["torch"].startswith(ROOTS if r["host"] == "node3" else str(copies(stage_root, r["host"]))), r
+
+
+def test_per_task_each_nodes_first_rank_stages_and_its_other_ranks_use_the_copy(cluster: Cluster, job_dir: Path, stage_root: Path) -> None:
+    """srun starts every rank (no hpctorch process beside them): node 0's first rank serves the
+    staging store with torch's TCPStore, every other rank reaches it with hpctorch's own client."""
+    (job_dir / "where.py").write_text(WHERE)
+    script = job_dir / "job.sh"
+    script.write_text(f"#!/bin/sh\n{ONE_THREAD}srun {PYTHON} -m hpctorch run --stage-env --stage-dir {stage_root} {job_dir / 'where.py'}\n")
+    state, output = cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=2", timeout=600)
+    assert state == "COMPLETED", output[-3000:]
+    seen = ranks(output)
+    assert sorted(int(r["rank"]) for r in seen) == list(range(6)) and {r["sum"] for r in seen} == {"6"}, output[-3000:]
+    for r in seen:
+        assert r["torch"].startswith(str(copies(stage_root, r["host"])) + "/"), r
+    assert output.count("hpctorch: the workers run from a copy of") == 1, output[-3000:]

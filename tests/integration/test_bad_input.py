@@ -54,6 +54,8 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "--spare-nodes", "1", "--max-restarts", "1", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT),
          ("--max-restarts", "not supported yet")),
         (("run", "--spare-nodes", "1", "--simulate-nodes", "2", SCRIPT), ("--spare-nodes measures real nodes",)),
+        (("run", "--stage-env", "--stage-dir", "/nonexistent/scratch", SCRIPT), ("--stage-dir /nonexistent/scratch: no such folder",)),
+        (("run", "--stage-env=/nonexistent/libs", SCRIPT), ("--stage-env /nonexistent/libs: no such folder",)),
         (("stacks", "--timeout", "-1"), ("--timeout -1",)),
         (("plan", "--master-port", "70000"), ("70000",)),
         # Was a traceback under torch's agent ("Not a directory" under hpctorch's starter).
@@ -84,15 +86,18 @@ def test_a_screen_under_torchrun_s_agent_says_there_is_nothing_to_renumber() -> 
                     TORCHELASTIC_RUN_ID="job7")  # as torchrun's agent sets them
     _assert_one_line(("run", "--screen", SCRIPT), env, "--screen needs one hpctorch per node", "unchanged")
     _assert_one_line(("run", "--spare-nodes", "1", SCRIPT), env, "--spare-nodes")
+    _assert_one_line(("run", "--stage-env", SCRIPT), env, "--stage-env needs hpctorch to start the workers", "unchanged")
 
 
 @pytest.mark.parametrize("variable, value, words", [
     ("HPCTORCH_STRAGGLERS", "loud", ("HPCTORCH_STRAGGLERS=loud is neither off nor warn",)),
     ("HPCTORCH_STRAGGLER_THRESHOLD", "x", ("HPCTORCH_STRAGGLER_THRESHOLD=x is not a number",)),
     ("HPCTORCH_STRAGGLER_WINDOW_S", "0", ("shorter than a second",)),
+    ("HPCTORCH_STAGE_FANOUT", "0", ("HPCTORCH_STAGE_FANOUT='0' is not a number of at least 1",)),
 ])
 def test_bad_straggler_settings_in_the_environment(variable: str, value: str, words: tuple[str, ...]) -> None:
-    _assert_one_line(("run", "--nproc-per-node", "1", SCRIPT), clean_env(**{variable: value}), *words)
+    flags = ("--stage-env",) if variable.startswith("HPCTORCH_STAGE_") else ()
+    _assert_one_line(("run", *flags, "--nproc-per-node", "1", SCRIPT), clean_env(**{variable: value}), *words)
 
 
 def test_contradictory_launcher_variables() -> None:

@@ -7,7 +7,6 @@ final when shown: it is never patched afterwards.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -62,7 +61,9 @@ class Options:
 def is_python(command: Sequence[str]) -> bool:
     """A worker command that is a Python script or module as hpctorch builds it
     (``python -u ...``): run through ``_worker.py`` in the same process."""
-    return len(command) > 2 and command[0] == sys.executable and command[1] == "-u"
+    from ..staged import pythons
+
+    return len(command) > 2 and command[0] in pythons() and command[1] == "-u"
 
 
 @dataclass(frozen=True)

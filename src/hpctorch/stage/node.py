@@ -59,6 +59,9 @@ class Settings:
                 raise HpctorchError(f"{name}={text!r} is not a number of at least {low:g}", f"unset it, or give e.g. {name}={default:g}")
             return value
 
+        for path in extra:
+            if not os.path.isdir(path):
+                raise HpctorchError(f"--stage-env {path}: no such folder", "give a folder the workers import from, or drop it")
         root = stage_root or folders.local_scratch()
         if not os.path.isdir(root):
             raise HpctorchError(f"--stage-dir {root}: no such folder", "give a folder on each node's own disk, e.g. --stage-dir /tmp")
@@ -76,7 +79,7 @@ class Staged:
 
     def export(self, env: MutableMapping[str, str]) -> None:
         """What every process started from here inherits (``hpctorch.staged`` reads it)."""
-        env[staged.ENV] = json.dumps({"python": self.python, "roots": self.copies, "key": self.key})
+        env[staged.ENV] = json.dumps({"python": self.python, "roots": self.copies, "key": self.key, "original": sys.executable})
         env["PATH"] = os.pathsep.join([os.path.dirname(self.python), *[p for p in env.get("PATH", "").split(os.pathsep) if p]])
         # A Python built with --enable-shared finds libpython by its RUNPATH, the shared path;
         # LD_LIBRARY_PATH comes first.
