@@ -308,3 +308,13 @@ def test_a_server_that_answers_otherwise_is_a_protocol_mismatch_and_a_missing_on
     with pytest.raises(storeclient.StoreError, match="could not reach"):
         storeclient.connect("127.0.0.1", port, 1)
     assert time.monotonic() - started < 30
+
+
+def test_the_python_client_is_used_only_for_a_torch_that_speaks_its_protocol() -> None:
+    import torch
+
+    from hpctorch.stage import storeclient
+
+    assert storeclient.installed_torch() == torch.__version__
+    assert storeclient.speaks_with("2.13.0+cpu") and storeclient.speaks_with("2.4.0")
+    assert not storeclient.speaks_with("2.3.1") and not storeclient.speaks_with(None) and not storeclient.speaks_with("nightly")

@@ -116,7 +116,7 @@ def open_store(plan: Plan, serve: bool):  # type: ignore[no-untyped-def]
     server speaks another torch's protocol."""
     from ..guard.screen import connect
 
-    if not serve:
+    if not serve and storeclient.speaks_with(storeclient.installed_torch()):
         try:
             return storeclient.connect(plan.master_addr or "", plan.master_port, plan.rdzv_timeout)
         except storeclient.ProtocolMismatch as exc:

@@ -6,9 +6,10 @@ It speaks the protocol of torch's TCPStore client (torch/csrc/distributed/c10d/T
 TCPStoreBackend.hpp, torch >= 2.4): a connection opens with VALIDATE and its magic number,
 then PING with a nonce the server echoes; each request is a query byte, strings and byte
 vectors prefixed by their uint64 length, integers little-endian; every key carries the
-client's "/" prefix. The server stays torch's (node 0's ``TCPStore``). A server that does not
-answer the handshake (another torch) raises ``ProtocolMismatch``, and the caller falls back on
-torch's own client.
+client's "/" prefix. The server stays torch's (node 0's ``TCPStore``). For an older torch
+(``speaks_with``, from the version file ``installed_torch`` reads) and for a server that does
+not answer the handshake as this one does (``ProtocolMismatch``), the caller uses torch's own
+client.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import datetime
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Sequence
 
@@ -24,7 +26,9 @@ VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEN
 MAGIC = 0x3C85F7CE
 STOP_WAITING, WAIT_CANCELED = 0, 1
 KEY_PREFIX = "/"
-HANDSHAKE_S = 5.0
+FIRST_TORCH = (2, 4)
+"""The first torch whose TCPStore opens connections with VALIDATE and PING (older ones are reached
+through torch's own client)."""
 
 
 class StoreError(RuntimeError):
@@ -44,16 +48,18 @@ class StoreClient:
     """set, get, add, compare_set and wait on torch's TCPStore at ``host``:``port``."""
 
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        """Connected and answered within ``timeout_s``: torch's own client waits as long (its
+        server can take seconds to answer a burst of new connections)."""
         self.timeout_s = timeout_s
-        self.conn = socket.create_connection((host, port), timeout=min(timeout_s, HANDSHAKE_S))
+        self.conn = socket.create_connection((host, port), timeout=timeout_s)
         self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        nonce = os.getpid() & 0xFFFFFFFF
+        nonce = (os.getpid() ^ threading.get_ident()) & 0xFFFFFFFF
         try:
             self.conn.sendall(struct.pack("<BI", VALIDATE, MAGIC) + struct.pack("<BI", PING, nonce))
             answer = struct.unpack("<I", self._exactly(4))[0]
         except (OSError, StoreError) as exc:
             self.close()
-            raise ProtocolMismatch(f"no answer to the handshake ({exc})") from None
+            raise ProtocolMismatch(f"no answer to the handshake within {timeout_s:.0f} s ({exc})") from None
         if answer != nonce:
             self.close()
             raise ProtocolMismatch(f"the handshake's nonce came back as {answer}, not {nonce}")
@@ -140,7 +146,7 @@ def connect(host: str, port: int, timeout_s: float, pause_s: float = 0.05, pause
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return StoreClient(host, port, timeout_s)
+            return StoreClient(host, port, max(1.0, deadline - time.monotonic()))
         except ProtocolMismatch:
             raise
         except OSError as exc:
@@ -148,3 +154,35 @@ def connect(host: str, port: int, timeout_s: float, pause_s: float = 0.05, pause
                 raise StoreError(f"could not reach the store at {host}:{port} within {timeout_s:.0f} s ({exc.strerror or exc})") from None
         time.sleep(pause_s)
         pause_s = min(pause_s * 1.5, pause_max_s)
+
+
+def speaks_with(torch_version: str | None) -> bool:
+    """Whether this client speaks ``torch_version``'s TCPStore protocol."""
+    try:
+        numbers = tuple(int(part) for part in (torch_version or "").split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return len(numbers) == 2 and numbers >= FIRST_TORCH
+
+
+def installed_torch() -> str | None:
+    """The version of the torch this interpreter would import, read from its version.py without
+    importing it (a handful of file-system calls, not thousands)."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        try:
+            with open(os.path.join(folder, "version.py"), encoding="utf-8") as handle:
+                found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", handle.read(), re.M)
+        except OSError:
+            continue
+        if found:
+            return found.group(1)
+    return None
