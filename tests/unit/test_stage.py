@@ -221,6 +221,7 @@ def test_stage_env_with_a_folder_is_read_from_hpctorchs_options_only() -> None:
     argv = ["run", "--nproc-per-node", "2", "--stage-env=/opt/libs", "--stage-env=try", "train.py", "--stage-env=mine"]
     args = top.parse_args(stage_paths(top, argv))
     assert args.stage_env == "try" and args.stage_paths == ["/opt/libs"]
+    assert top.parse_args(stage_paths(top, ["run", "--stage-env=try", "--stage-env=/opt/libs", "t.py"])).stage_env == "try"
     assert args.script == "train.py" and args.script_args == ["--stage-env=mine"]
     plain = top.parse_args(stage_paths(top, ["run", "--stage-env", "train.py"]))
     assert plain.stage_env == "on" and plain.script == "train.py" and plain.stage_paths == []
@@ -318,3 +319,12 @@ def test_the_python_client_is_used_only_for_a_torch_that_speaks_its_protocol() -
     assert storeclient.installed_torch() == torch.__version__
     assert storeclient.speaks_with("2.13.0+cpu") and storeclient.speaks_with("2.4.0")
     assert not storeclient.speaks_with("2.3.1") and not storeclient.speaks_with(None) and not storeclient.speaks_with("nightly")
+
+
+def test_submit_passes_the_staging_options_to_the_run_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("pass\n")
+    assert main(["submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--dry-run", "--stage-env=try",
+                 f"--stage-env={tmp_path}", "--stage-dir", "/dev/shm", str(script)]) == 0
+    run_line = [line for line in capsys.readouterr().out.splitlines() if "hpctorch run" in line][-1]
+    assert f"hpctorch run --stage-env=try --stage-env={tmp_path} --stage-dir /dev/shm {script}" in run_line

@@ -386,6 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         top = parser(command)
         args = top.parse_args(stage_paths(top, argv))
         args.argv = argv
+        if getattr(args, "stage_paths", None) and not args.stage_env:
+            args.stage_env = "on"  # --stage-env=DIR alone
         handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": _submit, "stacks": _stacks, "hostlist": _hostlist,
                    "badnodes": _badnodes}[args.command]
         return handler(args)

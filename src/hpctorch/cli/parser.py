@@ -87,7 +87,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_stage_options(add) -> None:  # type: ignore[no-untyped-def]
     # Flags, not one option with an optional value: "--stage-env train.py" must not take the
-    # script for a folder; "--stage-env=DIR" becomes "--stage-env --stage-path DIR" (stage_paths).
+    # script for a folder; "--stage-env=DIR" becomes "--stage-path DIR" (stage_paths).
     add("--stage-env", dest="stage_env", action="store_const", const="on", default=None,
         help="run the workers from a copy of the Python environment on each node's own disk, spread from node 0 over the fabric "
              "(--stage-env=DIR stages a folder too)")
@@ -109,7 +109,7 @@ def stage_paths(top: argparse.ArgumentParser, argv: list[str]) -> list[str]:
         token = argv[index]
         index += 1
         if token.startswith("--stage-env=") and token not in actions:
-            out += ["--stage-env", "--stage-path", token.split("=", 1)[1]]
+            out += ["--stage-path", token.split("=", 1)[1]]  # implies --stage-env (main), without undoing =try
             continue
         out.append(token)
         if token == "--" or not token.startswith("-"):
