@@ -20,6 +20,7 @@ MEASURED = {
     "control_plane_scale": "per node/s",
     "store_wait": "refused/s at rank 0",
     "straggler_overhead": "step on (ms)",
+    "stage_spread": "time s",
 }
 
 
