@@ -328,3 +328,31 @@ def test_submit_passes_the_staging_options_to_the_run_line(tmp_path: Path, capsy
                  f"--stage-env={tmp_path}", "--stage-dir", "/dev/shm", str(script)]) == 0
     run_line = [line for line in capsys.readouterr().out.splitlines() if "hpctorch run" in line][-1]
     assert f"hpctorch run --stage-env=try --stage-env={tmp_path} --stage-dir /dev/shm {script}" in run_line
+
+
+def test_a_leaf_that_has_its_copy_takes_no_bytes_and_its_siblings_get_them_all() -> None:
+    payload = os.urandom(3 * spread.CHUNK)
+    server = _store(True)
+    got: dict[int, int] = {}
+
+    def node(me: int) -> None:
+        store = server if me == 0 else _store(False, server.port)
+        count = 0
+
+        def consume(chunks, forward) -> None:  # type: ignore[no-untyped-def]
+            nonlocal count
+            for chunk in chunks:
+                forward(chunk)
+                count += len(chunk)
+
+        source = [payload[i:i + spread.CHUNK] for i in range(0, len(payload), spread.CHUNK)] if me == 0 else None
+        spread.take_part(store, "l/", me, 3, "127.0.0.1", "tok", len(payload), consume, source, 2, time.monotonic() + 60,
+                         idle_s=10, wanted=me != 2)
+        got[me] = count
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert got == {0: len(payload), 1: len(payload), 2: 0}

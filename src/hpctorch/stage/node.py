@@ -154,12 +154,12 @@ def _follow(plan: Plan, settings: Settings, store, copies_dir: str) -> Staged | 
     deadline = time.monotonic() + settings.timeout_s
     verdict = None
     try:
-        named = json.loads(spread.wait_for(store, prefix + "key", deadline, "node 0 to name the environment"))
+        named = _given(spread.wait_for(store, prefix + "key", deadline, "node 0 to name the environment"))
         verdict = json.loads(spread.wait_for(store, prefix + "verdict", deadline + READ_S, "node 0's verdict"))
         store.add(prefix + "read", 1)
         outcome: Staged | str = _staged(copies_dir, named["key"], named["python"]) if unpack.ready(copies_dir, named["key"]) else \
             "its first rank made no copy"
-    except (spread.SpreadError, RuntimeError, OSError) as exc:
+    except (spread.SpreadError, _Problem, RuntimeError, OSError) as exc:
         outcome = _line(exc)
     return _decide(plan, settings, outcome, verdict, speaks=False)
 
@@ -187,7 +187,7 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
             source = environment.source(settings.extra)
             store.set(prefix + "key", json.dumps({"key": environment.key(source.roots, source.skip).digest, "roots": source.roots,
                                                   "skip": source.skip, "python": source.python}))
-        named = json.loads(spread.wait_for(store, prefix + "key", deadline, "node 0 to name the environment"))
+        named = _given(spread.wait_for(store, prefix + "key", deadline, "node 0 to name the environment"))
         key = named["key"]
         have = unpack.ready(copies_dir, key)
         if not have:
@@ -200,13 +200,24 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
             import secrets  # node 0 alone: the other nodes import nothing they do not need before their copy is there
 
             store.set(prefix + "pack", json.dumps({"size": made.size, "digest": made.digest, "token": secrets.token_hex(16)} if made else {}))
-        sent = json.loads(spread.wait_for(store, prefix + "pack", deadline, "node 0's pack"))
+        sent = _given(spread.wait_for(store, prefix + "pack", deadline, "node 0's pack"))
         if sent:
             _spread(plan, settings, store, prefix, sent, named, copies_dir, have, made if me == 0 else None, deadline)
         outcome = _staged(copies_dir, key, named["python"])
     except (OSError, _Problem, spread.SpreadError, unpack.UnpackError, HpctorchError) as exc:
         outcome = _line(exc)
+        if me == 0:  # the others wait for these: let them go on at once, and say why
+            for name in ("key", "pack"):
+                store.compare_set(prefix + name, "", json.dumps({"abandoned": outcome}))
     return _decide(plan, settings, outcome, _verdict(plan, store, prefix, outcome, deadline, listeners))
+
+
+def _given(text: str) -> dict:
+    """What node 0 set, unless it gave up (its own line says why)."""
+    given = json.loads(text)
+    if "abandoned" in given:
+        raise _Problem("node 0 could not make the pack")
+    return given
 
 
 def _spread(plan: Plan, settings: Settings, store, prefix: str, sent: dict, named: dict, copies_dir: str,  # type: ignore[no-untyped-def]
@@ -225,7 +236,8 @@ def _spread(plan: Plan, settings: Settings, store, prefix: str, sent: dict, name
         unpack.receive(chunks, copies_dir, named["key"], named["roots"], sent["size"], sent["digest"], passed, keep=not have)
 
     spread.take_part(store, prefix, plan.node_rank, plan.nnodes, plan.local_addr or plan.master_addr or socket.gethostname(), sent["token"],
-                     sent["size"], consume, made.chunks() if made is not None else None, settings.fanout, deadline, ACCEPT_S)
+                     sent["size"], consume, made.chunks() if made is not None else None, settings.fanout, deadline, ACCEPT_S,
+                     wanted=not have)
 
 
 def _verdict(plan: Plan, store, prefix: str, outcome: Staged | str, deadline: float, listeners: int) -> dict:  # type: ignore[no-untyped-def]

@@ -160,10 +160,11 @@ Consume = Callable[[Iterator[bytes], Callable[[bytes], None]], None]
 
 def take_part(store, prefix: str, node: int, nnodes: int, host: str, token: str, size: int, consume: Consume,  # type: ignore[no-untyped-def]
               source: Iterable[bytes] | None = None, fanout: int = FANOUT, deadline: float | None = None,
-              accept_s: float = 30.0, idle_s: float = IDLE_S) -> None:
+              accept_s: float = 30.0, idle_s: float = IDLE_S, wanted: bool = True) -> None:
     """A node's part in spreading ``size`` bytes: node 0 reads ``source``, every other node its
     parent (found at ``<prefix>addr/<parent>`` in ``store``); each chunk goes to the children
-    (who connect within ``accept_s``) and to ``consume``."""
+    (who connect within ``accept_s``) and to ``consume``. A leaf that has no use for the bytes
+    (not ``wanted``: its copy is there) only says so to its parent, which then sends it none."""
     deadline = time.monotonic() + 3600.0 if deadline is None else deadline
     relay = Relay(node, nnodes, host, token, fanout, idle_s)
     try:
@@ -174,7 +175,11 @@ def take_part(store, prefix: str, node: int, nnodes: int, host: str, token: str,
         else:
             parent = parent_of(node, fanout)
             address = wait_for(store, f"{prefix}addr/{parent}", deadline, f"node {parent}'s address (its parent in the tree)")
-            chunks = Upstream(address, token, node, idle_s).chunks(size)
+            upstream = Upstream(address, token, node, idle_s)
+            if not wanted and not relay.children:
+                upstream.conn.close()  # taken by the parent at once, then dropped at its first chunk
+                return
+            chunks = upstream.chunks(size)
         relay.accept(min(deadline, time.monotonic() + accept_s))
         consume(chunks, relay.forward)
     finally:
