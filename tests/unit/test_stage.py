@@ -356,3 +356,17 @@ def test_a_leaf_that_has_its_copy_takes_no_bytes_and_its_siblings_get_them_all()
     for thread in threads:
         thread.join(60)
     assert got == {0: len(payload), 1: len(payload), 2: 0}
+
+
+def test_what_the_started_processes_inherit(tmp_path: Path) -> None:
+    from hpctorch.stage.node import Staged
+
+    copy = tmp_path / "0"
+    (copy / "lib").mkdir(parents=True)
+    (copy / "lib" / "libpython3.11.so.1.0").write_bytes(b"")
+    env = {"PATH": "/usr/bin", "VIRTUAL_ENV": "/env", "LD_LIBRARY_PATH": "/opt/lib"}
+    Staged(f"{copy}/bin/python", {"/env": str(copy)}, "k").export(env)
+    assert env["PATH"] == f"{copy}/bin:/usr/bin"
+    assert env["LD_LIBRARY_PATH"] == f"{copy}/lib:/opt/lib"
+    assert env["VIRTUAL_ENV"] == str(copy)
+    assert staged.python(env) == f"{copy}/bin/python" and staged.pythons(env) == (sys.executable, sys.executable)
