@@ -29,7 +29,7 @@ from dataclasses import replace
 from hpctorch.host.network import free_port
 from hpctorch.plan.types import Plan
 
-from .common import PYTHON, ROOT, clean_env, save, table
+from .common import PYTHON, ROOT, clean_env, isolated, save, table
 
 PROCESSES = 8
 NOTES = (
@@ -437,22 +437,6 @@ def _save_part(**part: object) -> None:
     path.write_text(json.dumps(saved, indent=2) + "\n")
 
 
-def _isolated(argv: list[str]) -> int | None:
-    """Re-run in a network namespace of its own (loopback only) where root can make one: this
-    VM's resolver never answers, and torch's store looks up every connection's peer name, which
-    then waits out the resolver's timeout; in a namespace without a route the lookup fails at once.
-    Returns the exit status, or None to run here."""
-    import os
-    import shutil
-
-    if os.environ.get("HPCTORCH_BENCH_ISOLATED") or os.geteuid() != 0 or not shutil.which("unshare"):
-        return None
-    script = "ip link set lo up && exec \"$0\" \"$@\""  # argv travels as arguments, never through the shell's text
-    env = {**clean_env(), "HPCTORCH_BENCH_ISOLATED": "1"}
-    return subprocess.run(["unshare", "--net", "--", "sh", "-c", script, PYTHON, "-m", "benchmarks.control_plane_scale", *argv],
-                          cwd=ROOT, env=env, check=False).returncode
-
-
 def main(argv: list[str] | None = None) -> int | None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, results not saved")
@@ -481,7 +465,7 @@ def main(argv: list[str] | None = None) -> int | None:
             _save_part(files_rows=files_rows, files_command=" ".join(["python", "-m", "benchmarks.control_plane_scale", *sys.argv[1:]]),
                        files_date=time.strftime("%Y-%m-%d"))
         return None
-    status = _isolated(sys.argv[1:] if argv is None else argv)
+    status = isolated("benchmarks.control_plane_scale", sys.argv[1:] if argv is None else argv)
     if status is not None:
         return status
     if args.only == "stragglers":
