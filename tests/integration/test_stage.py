@@ -1,6 +1,7 @@
 """--stage-env on one machine: simulated nodes run their workers from the copy (the test run's own
 venv and base interpreter, packed and unpacked for real), a second run reuses it, and the copy's
-interpreter is the whole worker's: sys.prefix, torch and the stdlib all come from it."""
+interpreter is the whole worker's: sys.prefix, torch and the stdlib all come from it, under hpctorch's
+starter and torch's agent alike."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def where(output: str) -> list[dict]:
     return [json.loads(line[len("where "):]) for line in unprefixed(output).splitlines() if line.startswith("where ")]
 
 
-def test_simulated_nodes_run_from_the_copy_and_a_second_run_reuses_it(tmp_path: Path) -> None:
+def test_simulated_nodes_run_from_the_copy_and_later_runs_reuse_it(tmp_path: Path) -> None:
     script = tmp_path / "where.py"
     script.write_text(WHERE)
     stage = tmp_path / "stage"
@@ -51,3 +52,8 @@ def test_simulated_nodes_run_from_the_copy_and_a_second_run_reuses_it(tmp_path: 
     assert [p.name for p in copies.iterdir()] == [copy.name]
     assert json.loads((copy / "staged.json").read_text())["made"] == made  # reused, not made again
     assert {r["torch"] for r in where(again.stdout + again.stderr)} == {r["torch"] for r in ranks}
+    # torch's elastic agent (--max-restarts) starts the workers from the same copy.
+    agent = hpctorch("run", "--nproc-per-node", "2", "--max-restarts", "1", "--stage-env", "--stage-dir", str(stage), str(script),
+                     env=clean_env(), timeout=300)
+    assert agent.returncode == 0, agent.stderr[-3000:]
+    assert {r["torch"] for r in where(agent.stdout + agent.stderr)} == {r["torch"] for r in ranks}
