@@ -95,7 +95,12 @@ class Staged:
         torch's agent's torch."""
         import importlib
 
-        sys.path[:] = [staged.map_with(self.copies, os.path.realpath(p)) if p else p for p in sys.path]
+        def moved(path: str) -> str:  # an entry outside the staged folders stays as it was written
+            real = os.path.realpath(path) if path else path
+            copy = staged.map_with(self.copies, real)
+            return copy if copy != real else path
+
+        sys.path[:] = [moved(p) for p in sys.path]
         importlib.invalidate_caches()
 
 
