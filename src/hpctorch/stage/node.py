@@ -172,8 +172,10 @@ def _follow(plan: Plan, settings: Settings, store, copies_dir: str) -> Staged | 
 def _alone(settings: Settings, base: str, copies_dir: str) -> Staged | str:
     try:
         source = environment.source(settings.extra)
-        key = environment.key(source.roots, source.skip).digest
+        walked = environment.key(source.roots, source.skip)
+        key = walked.digest
         if not unpack.ready(copies_dir, key):
+            _say_packing(key, base, walked.files, walked.size, 1)
             made = pack.pack(source.roots, key, base, source.skip)
             unpack.receive(made.chunks(), copies_dir, key, source.roots, made.size, made.digest)
         return _staged(copies_dir, key, source.python)
@@ -190,8 +192,9 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
     try:
         if me == 0:
             source = environment.source(settings.extra)
-            store.set(prefix + "key", json.dumps({"key": environment.key(source.roots, source.skip).digest, "roots": source.roots,
-                                                  "skip": source.skip, "python": source.python}))
+            walked = environment.key(source.roots, source.skip)
+            store.set(prefix + "key", json.dumps({"key": walked.digest, "roots": source.roots, "skip": source.skip, "python": source.python,
+                                                  "files": walked.files, "size": walked.size}))
         named = _given(spread.wait_for(store, prefix + "key", deadline, "node 0 to name the environment"))
         key = named["key"]
         have = unpack.ready(copies_dir, key)
@@ -201,6 +204,8 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
         if me == 0:
             _count(store, prefix + "reported", nnodes, deadline, "nodes to say whether they have a copy")
             lacking = store.add(prefix + "missing", 0)
+            if lacking:
+                _say_packing(key, base, named["files"], named["size"], lacking)
             made = pack.pack(named["roots"], key, base, named["skip"]) if lacking else None
             import secrets  # node 0 alone: the other nodes import nothing they do not need before their copy is there
 
@@ -215,6 +220,13 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
             for name in ("key", "pack"):
                 store.compare_set(prefix + name, "", json.dumps({"abandoned": outcome}))
     return _decide(plan, settings, outcome, _verdict(plan, store, prefix, outcome, deadline, listeners))
+
+
+def _say_packing(key: str, base: str, files: int, size: int, lacking: int) -> None:
+    """Node 0 says why this start takes longer, once per environment (the pack is kept)."""
+    if progress.enabled and not pack.is_kept(key, base):
+        print(f"hpctorch: packing the environment ({files:,} files, {size / 2**30:.1f} GiB) for the {lacking} node(s) without a copy; "
+              "kept for later jobs", file=sys.stderr, flush=True)
 
 
 def _given(text: str) -> dict:

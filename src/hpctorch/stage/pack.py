@@ -78,6 +78,11 @@ def pack(roots: Sequence[str], key: str, stage_base: str, skip: Sequence[str] = 
     return made
 
 
+def is_kept(key: str, stage_base: str) -> bool:
+    """Whether node 0 has the pack of ``key`` already (no folder is made to find out)."""
+    return _kept(os.path.join(stage_base, "packs", f"{key}.tar")) is not None
+
+
 def _kept(path: str) -> Pack | None:
     try:
         with open(f"{path[:-4]}.json", encoding="utf-8") as handle:
