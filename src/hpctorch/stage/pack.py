@@ -52,7 +52,8 @@ def pack(roots: Sequence[str], key: str, stage_base: str, skip: Sequence[str] = 
     path = os.path.join(folder, f"{key}.tar")
     kept = _kept(path)
     if kept is not None:
-        os.utime(path)
+        for used in (path, f"{path[:-4]}.json"):  # both stay clear of the sweep while jobs use them
+            os.utime(used)
         return kept
     sweep(folder, (".tar", ".json", ".tmp"), KEEP_S)
     temporary = f"{path}.{os.getpid()}.tmp"
