@@ -45,6 +45,9 @@ def stage_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root.chmod(0o755)
     yield root
     subprocess.run(["rm", "-rf", str(root)], check=False)
+    # The copies are gigabytes written moments ago: their writeback must end here, not slow the
+    # next module's tests (the straggler watch's judges CPU shares on these same 2 cores).
+    os.sync()
 
 
 def job(cluster: Cluster, job_dir: Path, *flags: str, trace: bool = False, env: str = "", per_node: int = 2) -> tuple[str, str]:
