@@ -1,4 +1,5 @@
-"""--stage-env on 3 real Slurm nodes, 2 ranks each: node 0 packs this test run's own environment
+"""--stage-env on 3 real Slurm nodes, 2 ranks each (named to run after the straggler watch's module: right
+after this one, whose gigabytes of copies then leave the disk, that module's throttled-node test failed 2 of 3 times): node 0 packs this test run's own environment
 (the venv and its base interpreter), the pack flows down a chain (fan-out 1: node1 -> node2 ->
 node3, so node2 forwards), every rank imports torch from its own node's copy, and node3's whole
 process tree, counted with strace, makes at most 2% of the file-system calls on the environment's
