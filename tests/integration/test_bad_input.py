@@ -51,8 +51,10 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "--stragglers", "loud", SCRIPT), ("invalid choice: 'loud'",)),
         (("run", "--spare-nodes", "1", SCRIPT), ("--spare-nodes 1 on a single node",)),
         (("run", "--spare-nodes", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT), ("--spare-nodes 2 of 2 nodes", "at most 1")),
-        (("run", "--spare-nodes", "1", "--max-restarts", "1", "--nnodes", "2", "--node-rank", "0", "--master-port", "1234", SCRIPT),
-         ("--max-restarts", "not supported yet")),
+        (("run", "--spare-nodes", "1", "--max-restarts", "1", "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1234", SCRIPT),
+         ("hot spares", "not with --nnodes 1:2")),
+        (("run", "--spare-nodes", "1", "--max-restarts", "1", "--rdzv-backend", "file", "--rdzv-endpoint", "/tmp", "--nnodes", "2", "--node-rank", "0",
+          "--master-port", "1234", SCRIPT), ("hot spares", "not with --rdzv-backend file")),
         (("run", "--spare-nodes", "1", "--simulate-nodes", "2", SCRIPT), ("--spare-nodes measures real nodes",)),
         (("run", "--stage-env", "--stage-dir", "/nonexistent/scratch", SCRIPT), ("--stage-dir /nonexistent/scratch: no such folder",)),
         (("run", "--stage-env=/nonexistent/libs", SCRIPT), ("--stage-env /nonexistent/libs: no such folder",)),
@@ -87,6 +89,15 @@ def test_a_screen_under_torchrun_s_agent_says_there_is_nothing_to_renumber() -> 
     _assert_one_line(("run", "--screen", SCRIPT), env, "--screen needs one hpctorch per node", "unchanged")
     _assert_one_line(("run", "--spare-nodes", "1", SCRIPT), env, "--spare-nodes")
     _assert_one_line(("run", "--stage-env", SCRIPT), env, "--stage-env needs hpctorch to start the workers", "unchanged")
+
+
+def test_hot_spares_per_task_ask_for_one_hpctorch_per_node() -> None:
+    # srun starting every rank (2 nodes x 2 tasks), as Slurm's srun sets it in each task.
+    env = clean_env(SLURM_JOB_ID="7", SLURM_STEP_ID="0", SLURM_NTASKS="4", SLURM_NNODES="2", SLURM_NODEID="0", SLURM_PROCID="0",
+                    SLURM_LOCALID="0", SLURM_STEP_NODELIST="n[1-2]", SLURM_JOB_NODELIST="n[1-2]", SLURM_STEP_TASKS_PER_NODE="2(x2)",
+                    SLURM_TASKS_PER_NODE="2(x2)", SLURM_STEP_NUM_NODES="2", SLURM_STEP_NUM_TASKS="4")
+    _assert_one_line(("run", "--spare-nodes", "1", "--max-restarts", "1", "--master-addr", "127.0.0.1", SCRIPT), env,
+                     "hot spares", "needs one hpctorch per node", "per-task")
 
 
 @pytest.mark.parametrize("variable, value, words", [

@@ -64,6 +64,18 @@ def test_node_0_alone_names_a_node_that_went_silent(monkeypatch: pytest.MonkeyPa
         dog.close()
 
 
+def test_a_node_that_left_for_a_hot_spare_is_not_silent_and_the_summary_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)
+    server, dogs, acted = start(3)
+    wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(3)]))
+    dogs[1].replaced()  # its rank died first; a spare took its seat (start.spares)
+    time.sleep(5)  # past the silence window
+    assert acted == {}
+    dogs[2].finished()
+    dogs[0].finished()  # node 0 lingers until every node is done or replaced, then reads the final state
+    assert dogs[0].final["done"] == {0: True, 1: False, 2: True} and dogs[0].final["replaced"] == {1: True}
+
+
 def test_requests_per_node_do_not_grow_with_the_node_count() -> None:
     rates = {}
     for nnodes in (2, 12):

@@ -62,6 +62,8 @@ def test_summary_lines() -> None:
     ok = Summary(0, 12.34, ("node1", "node2"), (0, 1), {0: 2.5, 1: 3.25}, "/tmp/logs", None)
     assert ok.line() == ("hpctorch: finished in 12.3 s, exit 0 on all 2 node(s) (node[1-2]); slowest start: node2 "
                          "(3.2 s to its workers); per-rank logs: /tmp/logs on node1 (each node keeps its own)")
+    spared = Summary(0, 20.0, ("node1", "node2"), (0,), {}, None, None, replaced=(1,))
+    assert spared.line() == "hpctorch: finished in 20.0 s, exit 0 on node1 and 1 hot spare(s); replaced by a hot spare: node2"
     failed = Summary(1, 8.0, ("node1", "node2"), (), {}, None, "rank 3 on node 1 (node2) exited with code 1")
     assert failed.line() == "hpctorch: failed after 8.0 s (exit 1): rank 3 on node 1 (node2) exited with code 1"
 

@@ -215,12 +215,13 @@ def _run(args: argparse.Namespace) -> int:
 
         print(table(plan) if args.verbose else banner(plan), file=sys.stderr, flush=True)
     screened = screening.screen(args, plan) if args.screen or args.spare_nodes else None
+    seat, every_node = None, plan
     if args.spare_nodes:
         kept = screening.without_spares(args, plan, screened, _options(args))
         if kept is None:
             return 0  # a spare: it said why
-        plan = kept
-    staging.stage(args, plan, stage_settings)
+        plan, seat = kept
+    staging.stage(args, every_node if seat is not None else plan, stage_settings)  # a hot spare may run: it stages too
     try:
         if plan.simulated:
             simulated.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console,
@@ -233,7 +234,7 @@ def _run(args: argparse.Namespace) -> int:
         else:
             launch.run_per_node(plan, log_dir=args.log_dir, tee=args.tee, redirects=args.redirects, requeue=args.requeue,
                                 prefix=not args.no_prefix, console_ranks=console, quiet=args.quiet, summary_json=args.summary_json,
-                                local_ranks=local_ranks, stall=stall)
+                                local_ranks=local_ranks, stall=stall, seat=seat)
     except WorkersFailed as exc:
         screening.to_summary(args, plan, screened)
         print(f"hpctorch: {exc.line}", file=sys.stderr)

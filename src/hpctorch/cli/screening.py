@@ -10,6 +10,7 @@ import sys
 from ..errors import HpctorchError
 from ..plan.types import Options, Plan
 from ..schedulers import hostlist
+from ..start.spares import Seat
 
 
 def screen(args: argparse.Namespace, plan: Plan):  # type: ignore[no-untyped-def]
@@ -57,9 +58,13 @@ def check_spares(args: argparse.Namespace, plan: Plan) -> None:
     if args.spare_nodes >= plan.nnodes:
         raise HpctorchError(f"--spare-nodes {args.spare_nodes} of {plan.nnodes} nodes leaves nothing to run on",
                             f"give at most {plan.nnodes - 1}, or ask the scheduler for more nodes")
-    if plan.max_restarts:
-        raise HpctorchError("--spare-nodes with --max-restarts (spares waiting to replace a failed node) is not supported yet",
-                            "drop one of them: the spares exit 0 once the screen has chosen the nodes")
+    if plan.max_restarts and plan.mode != "per-node":
+        raise HpctorchError(f"--spare-nodes with --max-restarts (hot spares) needs one hpctorch per node, and this is a {plan.mode} run",
+                            "start one hpctorch per node (e.g. srun --ntasks-per-node=1 hpctorch run --nproc-per-node N), or drop --max-restarts")
+    if plan.max_restarts and (plan.rdzv_backend != "c10d" or plan.min_nodes is not None):
+        why = f"--rdzv-backend {plan.rdzv_backend}" if plan.rdzv_backend != "c10d" else f"--nnodes {plan.min_nodes}:{plan.nnodes}"
+        raise HpctorchError(f"--spare-nodes with --max-restarts (hot spares) waits in torch's c10d rendezvous at a fixed node count, not with {why}",
+                            "drop that option: hpctorch then uses torch's c10d rendezvous on the nodes the screen kept")
 
 
 def per_task(args: argparse.Namespace, plan: Plan, options: Options) -> Plan | None:
@@ -80,13 +85,16 @@ def per_task(args: argparse.Namespace, plan: Plan, options: Options) -> Plan | N
     finally:
         del store  # node 0's store leaves the master port to rank 0's own
     screening.report(plan, outcome, args.screen_threshold, args.screen or "warn", os.environ, speaks=first)
-    return without_spares(args, plan, outcome, options, speaks=first) if args.spare_nodes else plan
+    kept = without_spares(args, plan, outcome, options, speaks=first) if args.spare_nodes else (plan, None)
+    return kept[0] if kept is not None else None
 
 
 def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Options,  # type: ignore[no-untyped-def]
-                   speaks: bool = True) -> Plan | None:
+                   speaks: bool = True) -> tuple[Plan, Seat | None] | None:
     """--spare-nodes: this process's plan on the nodes kept, or None on a spare (said once per
-    node, by the process that ``speaks`` for it)."""
+    node, by the process that ``speaks`` for it). With --max-restarts (hot spares) every node
+    also gets its seat, and a spare a plan of the kept nodes and itself, to wait in torch's
+    rendezvous."""
     from ..guard.screen import host_of
     from ..plan.discover import plan_keeping
 
@@ -94,19 +102,26 @@ def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Opti
         raise HpctorchError("node 0 did not say which nodes sit out (its verdict never came)",
                             "see node 0's output; rerun, or drop --spare-nodes")
     names = [plan.nodes[n] if n < len(plan.nodes) else host_of(screened, n) for n in range(plan.nnodes)]
+    kept = [n for n in range(plan.nnodes) if n not in screened.spares]
+    hot = plan.max_restarts > 0
     if plan.node_rank in screened.spares:
         why = "; ".join(f["detail"] if f["measure"] == "screen" else f"{f['measure']} {f['detail']}"
                         for f in screened.findings if f["node"] == plan.node_rank)
         if speaks:
-            print(f"hpctorch: {names[plan.node_rank]} sits out as a spare ({why or 'the slowest of the nodes screened'})", file=sys.stderr, flush=True)
-        return None
-    kept = [n for n in range(plan.nnodes) if n not in screened.spares]
+            how = "waits as a hot spare" if hot else "sits out as a spare"
+            print(f"hpctorch: {names[plan.node_rank]} {how} ({why or 'the slowest of the nodes screened'})", file=sys.stderr, flush=True)
+        if not hot:
+            return None
+        waiting = plan_keeping(options, os.environ, [*kept, plan.node_rank], screened.master, plan.master_port)
+        return waiting, Seat(waiting, len(screened.spares), len(kept), spare=True, host=names[plan.node_rank])
     narrowed = plan_keeping(options, os.environ, kept, screened.master, plan.master_port)
     if narrowed.node_rank == 0 and speaks and not args.quiet:
+        spares = ", ".join(names[n] for n in screened.spares)
         print(f"hpctorch: running on {len(kept)} of {plan.nnodes} nodes ({hostlist.display(tuple(names[n] for n in kept))}), "
-              f"world size {narrowed.world_size}, master {narrowed.master_addr}; spare: {', '.join(names[n] for n in screened.spares)}",
+              f"world size {narrowed.world_size}, master {narrowed.master_addr}; "
+              + (f"hot spare: {spares} (takes the place of a node whose rank fails first)" if hot else f"spare: {spares}"),
               file=sys.stderr, flush=True)
-    return narrowed
+    return narrowed, (Seat(narrowed, len(screened.spares), len(kept), spare=False, host=names[plan.node_rank]) if hot else None)
 
 
 def to_summary(args: argparse.Namespace, plan: Plan, screened) -> None:  # type: ignore[no-untyped-def]

@@ -26,6 +26,8 @@ class Summary:
     failure: str | None = None
     ranks: tuple[dict, ...] = ()
     """Per rank, its share of the run inside collectives (the straggler watch), by rank."""
+    replaced: tuple[int, ...] = ()
+    """Node ranks that left the job to a hot spare (``--spare-nodes`` with ``--max-restarts``)."""
 
     @classmethod
     def of(cls, plan: Plan, exit_code: int, wall_s: float, final: Mapping[str, Mapping[int, object]],
@@ -35,7 +37,7 @@ class Summary:
         ranks = per_rank(final.get("stragglers") or {}, plan)  # type: ignore[arg-type]
         return cls(exit_code, wall_s, tuple(names), tuple(n for n, ok in sorted(done.items()) if ok),
                    {int(n): float(s) for n, s in (final.get("start_s") or {}).items()}, logs, failure,  # type: ignore[arg-type]
-                   tuple(ranks))
+                   tuple(ranks), tuple(sorted(int(n) for n in (final.get("replaced") or {}))))
 
     def lines(self) -> list[str]:
         """The closing line, then the per-rank table of time inside collectives where measured."""
@@ -46,12 +48,16 @@ class Summary:
             where = f"all {len(self.nodes)} node(s) ({hostlist.display(self.nodes)})"
             if not self.succeeded:
                 where = "this node (the others' state could not be read)"
-            elif len(self.succeeded) != len(self.nodes):
-                others = [self.nodes[n] for n in range(len(self.nodes)) if n not in self.succeeded]
+            elif len(self.succeeded) + len(self.replaced) != len(self.nodes):
+                others = [self.nodes[n] for n in range(len(self.nodes)) if n not in self.succeeded and n not in self.replaced]
                 where = f"this node; not heard from: {hostlist.display(others)}"
+            elif self.replaced:
+                where = f"{hostlist.display(self.nodes[n] for n in self.succeeded)} and {len(self.replaced)} hot spare(s)"
             text = f"hpctorch: finished in {self.wall_s:.1f} s, exit 0 on {where}"
         else:
             text = f"hpctorch: failed after {self.wall_s:.1f} s (exit {self.exit_code}): {self.failure or 'see above'}"
+        if self.replaced:
+            text += f"; replaced by a hot spare: {hostlist.display(self.nodes[n] for n in self.replaced)}"
         if self.start_s:
             slowest = max(self.start_s, key=lambda n: self.start_s[n])
             text += f"; slowest start: {self.nodes[slowest]} ({self.start_s[slowest]:.1f} s to its workers)"
@@ -64,6 +70,7 @@ class Summary:
         data = asdict(self)
         data["start_s"] = {self.nodes[n]: s for n, s in self.start_s.items()}
         data["succeeded"] = [self.nodes[n] for n in self.succeeded]
+        data["replaced"] = [self.nodes[n] for n in self.replaced]
         data["ranks"] = list(self.ranks)
         with open(path, "w", encoding="utf-8") as out:
             json.dump(data, out, indent=2)

@@ -52,6 +52,8 @@ UNREACHABLE_AFTER_S = 3.0
 STORE_TIMEOUT_S = 2
 LINGER_S = 5.0
 DONE = b"done"
+REPLACED = b"replaced"
+"""A node's counter once it left the job for a hot spare (``start.spares``): never silent."""
 FINISHED, ABORTED = 1, 2
 """Values of the ``state`` counter: node 0 adds 1 when its workers succeeded, a node that
 aborts adds 2 (so any value from 2 up means aborted, whatever else happened)."""
@@ -138,6 +140,10 @@ class JobWatchdog:
     def finished(self) -> None:
         self._finish(self._beat_key(), DONE.decode())
 
+    def replaced(self) -> None:
+        """This node leaves the job to a hot spare: node 0 no longer waits for its beat."""
+        self._finish(self._beat_key(), REPLACED.decode())
+
     @property
     def _state_key(self) -> str:
         return self.prefix + "state"
@@ -192,10 +198,11 @@ class JobWatchdog:
 
     def _read_final(self, store) -> dict[str, dict[int, object]]:  # type: ignore[no-untyped-def]
         """Two requests whatever N: every node's counter, and its start-up time if all wrote one."""
-        states = {n: (value == DONE) for n, value in enumerate(store.multi_get(self._beats))} if store.check(self._beats) else {}
+        values = store.multi_get(self._beats) if store.check(self._beats) else []
         starts = [f"{self.prefix}start/{n}" for n in range(self.plan.nnodes)]
         seconds = {n: float(v) for n, v in enumerate(store.multi_get(starts))} if store.check(starts) else {}
-        return {"done": states, "start_s": seconds}
+        return {"done": {n: value == DONE for n, value in enumerate(values)}, "start_s": seconds,
+                "replaced": {n: True for n, value in enumerate(values) if value == REPLACED}}
 
     def _ack(self, store) -> None:  # type: ignore[no-untyped-def]
         if not self._acked:
@@ -210,7 +217,7 @@ class JobWatchdog:
             if aborted and store.add(self.prefix + "ack", 0) >= self.plan.nnodes:
                 return
             # check first: a get of a key never set waits for it, and a node may never have beaten
-            if not aborted and store.check(self._beats) and all(v == DONE for v in store.multi_get(self._beats)):
+            if not aborted and store.check(self._beats) and all(v in (DONE, REPLACED) for v in store.multi_get(self._beats)):
                 return
             time.sleep(POLL_S / 5)
 
@@ -389,7 +396,7 @@ class Judge:
                             f"after every node's workers started" + (f" ({len(missing)} node(s) in all)" if len(missing) > 1 else ""))
             return None
         for node, value in enumerate(store.multi_get(beats)):
-            if value == DONE:
+            if value in (DONE, REPLACED):
                 continue
             count, since = self.last_seen.get(node, (b"", now))
             if value != count:

@@ -154,11 +154,14 @@ class NodeStacks:
         """Node 0: the survivors' stacks taken at teardown, with the other nodes' (``store``)."""
         return self.lines(store, "teardown", self.teardown, timeout_s, TEARDOWN_TITLE) if self.teardown is not None else []
 
-def install_teardown_capture(take: Callable[[], None], after: Callable[[], None] = lambda: None) -> None:
+def install_teardown_capture(take: Callable[[], None], after: Callable[[], None] = lambda: None,
+                             failed: Callable[[object, dict], None] | None = None) -> None:
     """Run ``take`` just before torch stops the workers (every way a run ends: a failed rank,
     a signal, success; a restart), and ``after`` once they are stopped. torch offers no hook
     there; ``PContext.close`` is the public method every path goes through (torch 2.1 to 2.13:
-    the agent's shutdown, and the process context itself as soon as one worker failed)."""
+    the agent's shutdown, and the process context itself as soon as one worker failed).
+    ``failed(context, failures)`` first, where workers failed (the context's ``_failures``, local
+    rank -> ProcessFailure, filled before it closes: torch 2.1 to 2.13)."""
     from torch.distributed.elastic.multiprocessing.api import PContext
 
     original = PContext.close
@@ -166,6 +169,12 @@ def install_teardown_capture(take: Callable[[], None], after: Callable[[], None]
         return
 
     def close(context, *args, **kwargs):  # type: ignore[no-untyped-def]
+        failures = getattr(context, "_failures", None)
+        if failed is not None and failures:
+            try:
+                failed(context, dict(failures))
+            except Exception:  # noqa: BLE001 - the policy must never stop the teardown
+                pass
         try:
             take()
         except Exception:  # noqa: BLE001 - a dump must never stop the teardown

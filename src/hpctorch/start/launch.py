@@ -13,11 +13,14 @@ from ..errors import HpctorchError
 from ..host import network
 from ..host.signals import PREEMPT_SIGNALS
 from ..plan.types import ROLE, Plan
+from . import spares
+from .spares import Seat
 from .workers import (
     STOP_GRACE_S,
     WorkersFailed,
     failure_line,
     line_prefix,
+    mark_bad,
     node_host,
     process_start,
     requeue_if_preempted,
@@ -147,6 +150,7 @@ def run_per_node(
     summary_json: str | None = None,
     local_ranks: set[int] | None = None,
     stall: tuple[float, str] | None = None,
+    seat: Seat | None = None,
 ) -> None:
     """Start this node's workers with torch's elastic agent and wait for them.
 
@@ -155,7 +159,8 @@ def run_per_node(
     directory unless given): torch's tee does both. Node 0 ends with a one-line summary
     (unless ``quiet``), also written as JSON to ``summary_json``. ``stall`` is
     ``--stall-timeout`` and ``--stall-action``. When the job is torn down, node 0 first prints
-    the stacks the surviving workers were in.
+    the stacks the surviving workers were in. ``seat``: this node's part where hot spares wait
+    (``spares``).
     """
     from torch.distributed.launcher.api import elastic_launch
 
@@ -165,7 +170,7 @@ def run_per_node(
     straggle_dir = stragglers_env(os.environ, plan)  # type: ignore[arg-type]
     _file_store_env(plan, os.environ)  # type: ignore[arg-type]
     specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)
-    config = _launch_config(plan, specs, prefix)
+    config = _launch_config(plan, specs, prefix, seat)
     if plan.max_restarts and plan.rdzv_backend == "c10d":
         # torch's c10d rendezvous shares one store with the workers across restarts, and a
         # node restarted by a peer's failure keeps its restart count, so restarted workers
@@ -211,11 +216,16 @@ def run_per_node(
 
     from ..guard.stragglers import Alone, for_node
 
-    straggle = for_node(plan, straggle_dir, os.environ)
+    straggle = for_node(plan, straggle_dir, os.environ) if seat is None or not seat.spare else None  # node 0 reads the seated nodes'
     watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, on_abort=stop_workers, startup_s=time.time() - started,
                            stacks=stacks, stall=watch, stragglers=straggle if plan.nnodes > 1 else None)
     alone = Alone(straggle).start() if straggle is not None and plan.nnodes == 1 else None
-    install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=restarting if plan.max_restarts else lambda: None)
+    install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=restarting if plan.max_restarts else lambda: None,
+                             failed=seat.failed if seat is not None else None)
+    if seat is not None:
+        spares.seat_for(seat)
+        if seat.spare:
+            signal.signal(signal.SIGTERM, spares.stop_waiting)
     if plan.watched:
         watchdog.start()
     preempted = _forward_preemption_to_children()
@@ -237,6 +247,16 @@ def run_per_node(
             # The agent already stopped its workers; say so once and keep 128+signal.
             watchdog.report_failure(f"node {plan.node_rank} was stopped by {exc.sigval.name}")
             failure = WorkersFailed(f"stopped by {exc.sigval.name}", exit_code=128 + int(exc.sigval))
+    except spares.Replaced as exc:
+        watchdog.replaced()
+        print(f"hpctorch: {seat.host if seat else node_host(plan)} leaves the job: {exc}; a hot spare takes its place", file=sys.stderr, flush=True)  # noqa: E501
+        if exc.exit_code == -getattr(signal, "SIGBUS", 0):  # a memory error, as failure_line counts one
+            mark_bad(plan, f"{exc} (replaced by a hot spare)")
+        return
+    except spares.SpareDone as exc:
+        watchdog.close()
+        print(f"hpctorch: {seat.host if seat else node_host(plan)}: hot spare not needed ({exc})", file=sys.stderr, flush=True)
+        return
     except RendezvousClosedError:
         # A node that used up its restarts closes torch's rendezvous; the others learn it here.
         watchdog.close()
@@ -283,8 +303,9 @@ def run_per_node(
         raise failure
 
 
-def _launch_config(plan: Plan, specs, prefix: bool):  # type: ignore[no-untyped-def]
-    """torch's LaunchConfig for this node: hpctorch's choices, then torchrun's agent options as given."""
+def _launch_config(plan: Plan, specs, prefix: bool, seat: Seat | None = None):  # type: ignore[no-untyped-def]
+    """torch's LaunchConfig for this node: hpctorch's choices, then torchrun's agent options as
+    given; with hot spares, torch's c10d rendezvous wrapped (``spares``) for the seats alone."""
     from torch.distributed.launcher.api import LaunchConfig
 
     if plan.rdzv_backend in ("static", "file"):
@@ -312,6 +333,8 @@ def _launch_config(plan: Plan, specs, prefix: bool):  # type: ignore[no-untyped-
         # Workers get SIGTERM first; a job being torn down must not wait 30 s for SIGKILL.
         shutdown_timeout=STOP_GRACE_S,
     )
+    if seat is not None:
+        settings.update(min_nodes=seat.seats, max_nodes=seat.seats, rdzv_backend=spares.BACKEND)
     agent = {k: v for k, v in plan.agent.items() if k != "logs_specs"}
     if agent.get("numa_options"):
         from torch.numa.binding import AffinityMode, NumaOptions

@@ -147,7 +147,7 @@ def requeue_if_preempted(plan: Plan, preempted: Sequence[int], requeue: bool) ->
     outcome = "requeued" if done.returncode == 0 else f"not requeued: {done.stderr.strip()}"
     print(f"hpctorch: preempted by {signal.Signals(preempted[0]).name}; job {plan.job_id} {outcome}{note}", file=sys.stderr, flush=True)
 
-def _mark_bad(plan: Plan, reason: str) -> None:
+def mark_bad(plan: Plan, reason: str) -> None:
     from ..host import badnodes
 
     try:
@@ -207,7 +207,7 @@ def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str) 
     its node on the user's bad-node list: the next job asks the scheduler to leave it out."""
     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
     if code == -getattr(signal, "SIGBUS", 0) and plan.nnodes > 1:
-        _mark_bad(plan, f"rank {rank} died of SIGBUS (a memory error)")
+        mark_bad(plan, f"rank {rank} died of SIGBUS (a memory error)")
     host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes and plan.node_rank < len(plan.nodes) else ""
     node = f" on node {plan.node_rank}{host}" if plan.nnodes > 1 else ""
     return WorkersFailed(f"rank {rank}{node} (local rank {local_rank}) {how}; details: {where}", exit_code=128 - code if code < 0 else 1)

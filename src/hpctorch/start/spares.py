@@ -1,0 +1,220 @@
+"""Hot spares (``--spare-nodes K --max-restarts R``): the K spare nodes wait in torch's c10d
+rendezvous, in the list it keeps of nodes beyond ``max_nodes`` (its redundancy list), and one
+takes the place of a node whose rank failed.
+
+torch has the mechanism and no policy: a node whose workers fail restarts in place and rejoins;
+a participant that leaves lets a waiting node in, and every agent restarts its workers in a new
+round; an agent that exits normally closes the rendezvous for everyone (launch_agent's
+shutdown), one that dies of a signal does not. The policy lives in the rendezvous backend
+``hpctorch-spares``, torch's own c10d handler with two of its methods wrapped:
+- a spare joins only once the first round is complete: earlier, it could take a kept node's seat;
+- when workers fail, each failed node claims the round's fault in the master's store
+  (``compare_set`` of ``spares/fault/<round>``). The node whose rank failed first claims first:
+  its peers' collectives break only after it (and a rank killed by a signal claims at once, a
+  rank that exited a second later, so a death outranks the errors it causes). Unless it serves the store (the master cannot be
+  replaced) or no spare is left, that node leaves the rendezvous instead of rejoining, marks its
+  watchdog slot ``replaced`` and exits 0; a spare moves in and every node restarts in a new round;
+- a spare that was never needed leaves when the job ends (the closed rendezvous, or the
+  watchdog's verdict, its SIGTERM) and exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..plan.types import Plan
+
+BACKEND = "hpctorch-spares"
+POLL_S = 0.5
+RAISED_WAIT_S = 1.0
+"""How long a node whose ranks exited (rather than died of a signal) waits before it claims the
+round's fault: a peer's rank killed outright (the OOM killer, a bus error) is the cause, and the
+ranks whose collectives broke on it exit through Python's error path, maybe as fast as its agent notices."""
+LEAVE_S = 10.0
+"""How long a replaced node tries to leave the rendezvous; past it, torch drops the node when its
+heartbeats stop (keep-alive interval times attempts: 15 s by default)."""
+
+_seat: Seat | None = None
+"""This process's seat: torch's registry calls the backend's creator with parameters alone."""
+
+
+class Replaced(Exception):
+    """This node's rank failed first and a spare takes its place: it leaves the job.
+    ``exit_code``: the failed worker's (negative: the signal that killed it)."""
+
+    def __init__(self, line: str, exit_code: int) -> None:
+        super().__init__(line)
+        self.exit_code = exit_code
+
+
+class SpareDone(Exception):
+    """The job ended (or this spare was stopped) before it needed this spare."""
+
+
+@dataclass
+class Seat:
+    """This node's part in a job with hot spares."""
+
+    plan: Plan
+    spares: int
+    """K: how many nodes wait as spares."""
+    seats: int
+    """The nodes the job runs on (torch's min and max nodes)."""
+    spare: bool
+    """This node waits as a spare."""
+    host: str
+    joined: bool = False
+    """This node has a seat (a kept node from the start, a spare once it moved in)."""
+    leaving: tuple[str, int] | None = None
+    """Why this node leaves (its failed rank, its exit code), once it claimed a fault and a spare was left."""
+    round: int = -1
+    store = None  # type: ignore[no-untyped-def]
+    handler = None  # type: ignore[no-untyped-def]
+
+    def __post_init__(self) -> None:
+        self.joined = not self.spare
+        self.prefix = f"hpctorch/{self.plan.run_id}/spares/"
+        self._claimed: set[int] = set()
+
+    # -- the fault ------------------------------------------------------------------------------
+
+    def failed(self, context: object, failures: Mapping[int, object]) -> None:
+        """torch's process context saw ``failures`` (local rank -> ProcessFailure) on this node:
+        claim the round's fault, once per context."""
+        if not failures or not self.joined or self.store is None or id(context) in self._claimed:
+            return
+        self._claimed.add(id(context))
+        first = min(failures.values(), key=lambda f: getattr(f, "timestamp", 0))
+        why = describe(first)
+        me = str(self.plan.node_rank).encode()
+        if int(getattr(first, "exitcode", 1)) >= 0:
+            time.sleep(RAISED_WAIT_S)
+        try:
+            won = self.store.compare_set(f"{self.prefix}fault/{self.round}", "", me) == me
+            if not won:
+                return  # a peer's rank failed first: this node's ranks broke on it, and restart
+            if self.plan.is_master:
+                _say(f"{self.host} cannot be replaced by a spare (it serves the job's store): it restarts in place ({why})")
+                return
+            if self.store.add(f"{self.prefix}used", 1) > self.spares:
+                _say(f"no spare left to replace {self.host}: it restarts in place ({why})")
+                return
+        except Exception:  # noqa: BLE001 - the store's host may be gone: torch's restart reports it
+            return
+        self.leaving = (why, int(getattr(first, "exitcode", 1)))
+
+    # -- torch's handler, wrapped -----------------------------------------------------------------
+
+    def next_rendezvous(self, original):  # type: ignore[no-untyped-def]
+        if self.leaving is not None:
+            self._leave()
+            raise Replaced(*self.leaving)
+        if not self.joined:
+            return self._move_in(original)
+        info = original()
+        self._note_round()
+        if self.round >= 0:
+            self.store.set(f"{self.prefix}ready", "1")  # type: ignore[union-attr]  # every kept node: the first to return opens it
+        return info
+
+    def shutdown(self, original) -> bool:  # type: ignore[no-untyped-def]
+        """Close the rendezvous only as a seated node that ends with the job: a node that leaves
+        for a spare, or a spare never needed, would close it for everyone."""
+        if self.leaving is not None or not self.joined:
+            try:
+                self.handler._stop_heartbeats()  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - torch's private method: its heartbeats then stop with the process
+                pass
+            return True
+        return original()
+
+    def _move_in(self, original):  # type: ignore[no-untyped-def]
+        from torch.distributed.elastic.rendezvous import RendezvousError
+
+        ready = f"{self.prefix}ready"
+        while not self.store.check([ready]):  # type: ignore[union-attr]
+            time.sleep(POLL_S)
+        try:
+            info = original()
+        except RendezvousError as exc:  # closed (the job ended), graceful exit, or the store gone
+            raise SpareDone(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
+        self.joined = True
+        self._note_round()
+        try:
+            index = self.store.add(f"{self.prefix}in", 1)  # type: ignore[union-attr]
+            self.store.set(f"{self.prefix}in/{index}", self.host)  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - only node 0's closing summary misses the name
+            pass
+        _say(f"{self.host} moves in from the spares: the job goes on in round {self.round} of torch's rendezvous")
+        return info
+
+    def _leave(self) -> None:
+        """Out of the participants at once, so the spare moves in now, not when the heartbeats expire."""
+        handler = self.handler
+        try:
+            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+            handler._stop_heartbeats()  # type: ignore[union-attr]
+            handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + LEAVE_S)  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - torch's private parts moved: its heartbeat expiry drops the node
+            pass
+
+    def _note_round(self) -> None:
+        try:
+            self.round = int(self.handler._state_holder.state.round)  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - torch's private state moved: a count of this node's own rounds
+            self.round += 1
+
+
+def describe(failure: object) -> str:
+    """One failed worker, as a line says it: ``local rank 1 died of SIGKILL``."""
+    code = int(getattr(failure, "exitcode", 1))
+    local = getattr(failure, "local_rank", "?")
+    if code < 0:
+        try:
+            how = f"died of {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with code {code}"
+    return f"its local rank {local} {how}"
+
+
+def _say(line: str) -> None:
+    print(f"hpctorch: {line}", file=sys.stderr, flush=True)
+
+
+def seat_for(seat: Seat) -> None:
+    """Make ``seat`` this process's, and the ``hpctorch-spares`` backend torch's (once)."""
+    global _seat
+    _seat = seat
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(BACKEND, _create)  # the same creator again is allowed
+
+
+def _create(params):  # type: ignore[no-untyped-def]
+    """torch's c10d handler, as torch's registry makes it, with the seat's policy wrapped in."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    seat = _seat
+    assert seat is not None, "seat_for() before the launch"
+    backend, store = create_backend(params)
+    handler = create_handler(store, backend, params)
+    seat.store, seat.handler = store, handler
+    next_rendezvous, shutdown = handler.next_rendezvous, handler.shutdown
+    handler.next_rendezvous = lambda: seat.next_rendezvous(next_rendezvous)
+    handler.shutdown = lambda: seat.shutdown(shutdown)
+    handler.get_backend = lambda: BACKEND  # torch's registry checks the name it was asked for
+    return handler
+
+
+def stop_waiting(_signum: int, _frame: object) -> None:
+    """A waiting spare's SIGTERM (its watchdog's verdict, the scheduler): leave torch's join loop.
+    Once workers run, torch's own handler replaces this one."""
+    raise SpareDone("stopped while it waited")

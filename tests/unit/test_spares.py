@@ -1,0 +1,166 @@
+"""Hot spares' policy (``start.spares``) on a real TCPStore and torch's real c10d rendezvous
+handlers, two "nodes" as handlers of one process: the first failed node claims the round's fault,
+a death by a signal outranks an exit, the master restarts in place, the spare count holds, and a
+spare waits in torch's redundancy list until a node leaves, then moves in."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+
+import pytest
+
+from hpctorch.host.network import free_port
+from hpctorch.plan.types import Plan
+from hpctorch.start import spares
+
+torch = pytest.importorskip("torch")
+
+
+def _plan(node: int, nnodes: int, port: int) -> Plan:
+    return Plan(mode="per-node", scheduler="test", job_id="7", nodes=tuple(f"nid{n}" for n in range(nnodes)), node_rank=node,
+                nproc_per_node=(1,) * nnodes, master_addr="127.0.0.1", master_port=port, rdzv_backend="c10d", rdzv_timeout=30,
+                run_id="spares-test", iface="lo", simulated=False, max_restarts=1, workers=(), common_env={}, local_addr="127.0.0.1")
+
+
+def _store(port: int, master: bool):  # type: ignore[no-untyped-def]
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, None, master, datetime.timedelta(seconds=30), wait_for_workers=False, multi_tenant=True)
+
+
+def _failure(local_rank: int, exitcode: int):  # type: ignore[no-untyped-def]
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    return ProcessFailure(local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode, error_file="")
+
+
+def _seats(port: int, nnodes: int = 3, spares_count: int = 1) -> list[spares.Seat]:
+    seats = []
+    for node in range(nnodes):
+        seat = spares.Seat(_plan(node, nnodes, port), spares_count, nnodes, spare=False, host=f"nid{node}")
+        seat.store, seat.round = _store(port, False), 0
+        seats.append(seat)
+    return seats
+
+
+def test_the_first_node_to_fail_leaves_and_its_peers_restart(capsys) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    server = _store(port, True)  # noqa: F841 - serves the seats' store
+    _, killed, broken = _seats(port)
+    killed.failed(object(), {0: _failure(0, -9)})
+    broken.failed(object(), {0: _failure(0, 1)})
+    assert killed.leaving == ("its local rank 0 died of SIGKILL", -9)
+    assert broken.leaving is None
+    assert capsys.readouterr().err == ""  # a peer that restarts says nothing
+
+
+def test_a_death_by_a_signal_outranks_an_exit_that_came_first() -> None:
+    port = free_port()
+    server = _store(port, True)  # noqa: F841
+    _, killed, broken = _seats(port)
+    # The broken peer's Python error path noticed first; the killed rank's agent a moment later.
+    early = threading.Thread(target=broken.failed, args=(object(), {1: _failure(1, 1)}))
+    early.start()
+    time.sleep(0.1)
+    killed.failed(object(), {0: _failure(0, -7)})
+    early.join(timeout=30)
+    assert killed.leaving is not None and killed.leaving[1] == -7 and "SIGBUS" in killed.leaving[0]
+    assert broken.leaving is None
+
+
+def test_the_master_restarts_in_place_and_the_spares_run_out(capsys) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    server = _store(port, True)  # noqa: F841
+    master, first, second = _seats(port)
+    master.failed(object(), {0: _failure(0, -9)})
+    assert master.leaving is None
+    assert "nid0 cannot be replaced by a spare (it serves the job's store): it restarts in place" in capsys.readouterr().err
+    first.round = second.round = 1
+    first.failed(object(), {0: _failure(0, -9)})
+    assert first.leaving is not None
+    second.round = 2
+    second.failed(object(), {0: _failure(0, -11)})
+    assert second.leaving is None  # one spare, already used
+    assert "no spare left to replace nid2: it restarts in place (its local rank 0 died of SIGSEGV)" in capsys.readouterr().err
+
+
+def test_one_claim_per_process_context_and_none_before_the_seat_is_taken() -> None:
+    port = free_port()
+    server = _store(port, True)  # noqa: F841
+    _, node, _ = _seats(port)
+    context = object()
+    node.failed(context, {})  # no failures: a success or a membership restart
+    assert node.leaving is None
+    node.failed(context, {0: _failure(0, -9)})
+    node.leaving = None
+    node.failed(context, {0: _failure(0, -9)})  # torch closes the same context twice (its poll, then the agent)
+    assert node.leaving is None
+    waiting = spares.Seat(_plan(2, 3, port), 1, 2, spare=True, host="nid2")
+    waiting.store = node.store
+    waiting.failed(object(), {0: _failure(0, -9)})
+    assert waiting.leaving is None
+
+
+def _handler(seat: spares.Seat, port: int, seats: int):  # type: ignore[no-untyped-def]
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    spares.seat_for(seat)
+    params = RendezvousParameters(backend=spares.BACKEND, endpoint=f"127.0.0.1:{port}", run_id="spares-test", min_nodes=seats,
+                                  max_nodes=seats, join_timeout=30, is_host="false", keep_alive_interval=1)
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    return rendezvous_handler_registry.create_handler(params)
+
+
+def test_a_spare_waits_in_torch_s_rendezvous_and_moves_in_when_the_failed_node_leaves(capsys) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    server = _store(port, True)  # noqa: F841
+    kept = spares.Seat(_plan(1, 2, port), 1, 1, spare=False, host="nid1")
+    kept_handler = _handler(kept, port, 1)
+    assert kept_handler.get_backend() == spares.BACKEND
+    kept_handler.next_rendezvous()  # one seat: the first round completes with this node alone
+    assert kept.round == 0 and kept.store.check([kept.prefix + "ready"])
+    spare = spares.Seat(_plan(1, 2, port), 1, 1, spare=True, host="nid2")
+    spare_handler = _handler(spare, port, 1)
+    moved: list[object] = []
+    waiting = threading.Thread(target=lambda: moved.append(spare_handler.next_rendezvous()), daemon=True)
+    waiting.start()
+    time.sleep(3)
+    assert not moved and not spare.joined  # in torch's redundancy list while the seat is taken
+    kept.failed(object(), {0: _failure(0, -9)})
+    with pytest.raises(spares.Replaced) as left:
+        kept_handler.next_rendezvous()
+    assert left.value.exit_code == -9
+    assert kept_handler.shutdown() is True and not kept_handler.is_closed()  # leaving closes nothing
+    waiting.join(timeout=60)
+    assert moved and spare.joined and spare.round == 1, moved
+    assert "nid2 moves in from the spares: the job goes on in round 1" in capsys.readouterr().err
+    assert spare.store.get(spare.prefix + "in/1") == b"nid2"
+    spare_handler.shutdown()  # a seated node ends with the job: it closes the rendezvous
+
+
+def test_a_spare_never_needed_leaves_when_the_job_closes_the_rendezvous() -> None:
+    port = free_port()
+    server = _store(port, True)  # noqa: F841
+    kept = spares.Seat(_plan(0, 2, port), 1, 1, spare=False, host="nid0")
+    kept_handler = _handler(kept, port, 1)
+    kept_handler.next_rendezvous()
+    spare = spares.Seat(_plan(1, 2, port), 1, 1, spare=True, host="nid1")
+    spare_handler = _handler(spare, port, 1)
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            spare_handler.next_rendezvous()
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=wait, daemon=True)
+    waiting.start()
+    time.sleep(2)
+    kept_handler.shutdown()  # the job finished: torch's launch_agent closes the rendezvous
+    waiting.join(timeout=60)
+    assert outcome and isinstance(outcome[0], spares.SpareDone), outcome
+    assert spare_handler.shutdown() is True
