@@ -307,6 +307,84 @@ def screen_scale(nnodes: int) -> dict[str, float]:
     }
 
 
+def _seat(node: int, nnodes: int, port: int):  # type: ignore[no-untyped-def]
+    """A seated node of a job with one hot spare (``start.spares.Seat``), counting its requests."""
+    from hpctorch.start.spares import Seat
+
+    seat = Seat(replace(node_plan(node, nnodes, port), rdzv_backend="c10d", max_restarts=1), 1, nnodes, spare=False, host=f"nid{node:05d}")
+    seat.store, seat.round = CountingStore(_store(port, False)), 0
+    return seat
+
+
+def _claims(seats: dict, nnodes: int) -> dict[str, object]:  # type: ignore[type-arg]
+    """Every seated node's workers fail at once, as when one rank dies mid-job: the node whose rank
+    was killed (the middle one) claims the round's fault at once, the others, whose ranks exited on
+    the broken collectives, after their wait (``RAISED_WAIT_S``); when each knew its verdict."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    known: dict[int, float] = {}
+
+    def node(rank: int) -> None:
+        seats[rank].failed(object(), {0: ProcessFailure(0, 1, -9 if rank == nnodes // 2 else 1, "")})
+        known[rank] = time.time()
+
+    _as_threads(node, min(seats), max(seats) + 1)
+    return {"requests": {n: s.store.requests for n, s in seats.items()}, "leaving": [n for n, s in seats.items() if s.leaving],
+            "last": max(known.values())}
+
+
+def spares_client(first: int, last: int, nnodes: int, port: int) -> None:
+    """Simulated seated nodes ``first``..``last - 1``: connected, then told to fail; prints their claims."""
+    control = _store(port, False)
+    seats = {n: _seat(n, nnodes, port) for n in range(first, last)}
+    control.add("bench/spares/ready", 1)
+    control.wait(["bench/spares/go"])
+    print(json.dumps(_claims(seats, nnodes)), flush=True)
+
+
+def spares_scale(nnodes: int) -> dict[str, float]:
+    """The hot spares' claim of a fault (``start.spares``) at ``nnodes`` seated nodes on one store."""
+    from hpctorch.start.spares import RAISED_WAIT_S
+
+    print(f"control_plane_scale: hot spares' claim at {nnodes} nodes", file=sys.stderr, flush=True)
+    port = free_port()
+    served = CountingStore(_store(port, True))
+    children = _clients("--spares-client", nnodes, port)
+    try:
+        mine = {0: _seat(0, nnodes, port)}
+        deadline = time.monotonic() + 300
+        while served.store.add("bench/spares/ready", 0) < len(children):
+            assert time.monotonic() < deadline, "the simulated nodes never connected"
+            time.sleep(0.1)
+        served.requests = 0
+        go = time.time()
+        served.store.set("bench/spares/go", "1")
+        results = [_claims(mine, nnodes)]
+        results += [json.loads(child.communicate(timeout=300)[0].strip().splitlines()[-1]) for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    per_node = [count for r in results for count in r["requests"].values()]  # type: ignore[attr-defined]
+    leaving = [n for r in results for n in r["leaving"]]  # type: ignore[attr-defined]
+    return {
+        "nodes": nnodes,
+        "spares_requests_per_node": max(per_node),
+        "spares_requests_total": sum(per_node),
+        "spares_verdicts_s": max(float(r["last"]) for r in results) - go - RAISED_WAIT_S,  # type: ignore[arg-type]
+        "spares_leaving": len(leaving),
+        "spares_right_node": leaving == [nnodes // 2],
+    }
+
+
+SPARES_HEADER = ["nodes", "store requests per node", "in all", "every verdict after the wait (s)", "nodes leaving", "the killed one"]
+
+
+def spares_cells(rows: list[dict]) -> list[list[object]]:
+    return [[r["nodes"], r["spares_requests_per_node"], r["spares_requests_total"], f"{r['spares_verdicts_s']:.2f}", r["spares_leaving"],
+             "yes" if r["spares_right_node"] else "no"] for r in rows]
+
+
 STRAGGLE_RANKS = 8
 STRAGGLE_ROUNDS = 3
 """Rounds of the watch per simulated node: the third is the first with a window of shares (10 s
@@ -443,13 +521,17 @@ def main(argv: list[str] | None = None) -> int | None:
     parser.add_argument("--client", nargs=6, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle watching per size")
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1024, 4096], help="node counts")
-    parser.add_argument("--only", choices=["files", "screen", "stragglers"], default=None,
-                        help="the shared-file channel, the screen, or the straggler watch, alone")
+    parser.add_argument("--only", choices=["files", "screen", "stragglers", "spares"], default=None,
+                        help="the shared-file channel, the screen, the straggler watch, or the hot spares' claim, alone")
+    parser.add_argument("--spares-client", nargs=4, type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--screen-client", nargs=4, type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--straggle-client", nargs=5, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.straggle_client:
         straggle_client(*map(int, args.straggle_client[:4]), args.straggle_client[4])  # type: ignore[call-arg]
+        return None
+    if args.spares_client:
+        spares_client(*args.spares_client)
         return None
     if args.screen_client:
         screen_client(*args.screen_client)
@@ -475,6 +557,13 @@ def main(argv: list[str] | None = None) -> int | None:
             _save_part(straggle_rows=straggle_rows, straggle_command=" ".join(["python", "-m", "benchmarks.control_plane_scale", *sys.argv[1:]]),
                        straggle_date=time.strftime("%Y-%m-%d"))
         return None
+    if args.only == "spares":
+        spares_rows = [spares_scale(n) for n in sizes]
+        print(table(SPARES_HEADER, spares_cells(spares_rows)))
+        if not args.smoke:
+            _save_part(spares_rows=spares_rows, spares_command=" ".join(["python", "-m", "benchmarks.control_plane_scale", *sys.argv[1:]]),
+                       spares_date=time.strftime("%Y-%m-%d"))
+        return None
     if args.only == "screen":
         screen_rows = _screen_table(sizes)
         if not args.smoke:
@@ -485,6 +574,8 @@ def main(argv: list[str] | None = None) -> int | None:
     screen_rows = _screen_table(sizes)
     straggle_rows = [straggle_scale(n) for n in sizes]
     print(table(STRAGGLE_HEADER, straggle_cells(straggle_rows)))
+    spares_rows = [spares_scale(n) for n in sizes]
+    print(table(SPARES_HEADER, spares_cells(spares_rows)))
     rows = [run(n, 2.0 if args.smoke else args.idle) for n in sizes]
     print(table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew", "agreement (s)",
                  "agreement CPU (s)"],
@@ -492,7 +583,7 @@ def main(argv: list[str] | None = None) -> int | None:
                   f"{r['abort_known_s']:.2f}", r["never_knew"], f"{r['agreement_s']:.2f}", f"{r['agreement_cpu_s']:.1f}"] for r in rows]))
     if not args.smoke:
         save("control_plane_scale", {"idle_s": args.idle, "processes": PROCESSES, "rows": rows, "files_rows": files_rows,
-                                     "screen_rows": screen_rows, "straggle_rows": straggle_rows, "notes": NOTES})
+                                     "screen_rows": screen_rows, "straggle_rows": straggle_rows, "spares_rows": spares_rows, "notes": NOTES})
 
 
 if __name__ == "__main__":

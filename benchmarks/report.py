@@ -121,7 +121,24 @@ def control_plane_scale(data: dict) -> str:
             f"{data.get('processes', 8)} processes, against one real TCPStore; {data['idle_s']:.0f} s of idle watching per size.\n\n" +
             table(["nodes", "store requests/s", "per node/s", "false alarms", "abort known by all (s)", "never knew",
                    "agreement (s)", "agreement CPU (s)"], rows) + notes + "\n\n![control plane scale](plots/control_plane_scale.png)"
-            + _shared_files(data) + _screen(data) + _stragglers(data))
+            + _shared_files(data) + _screen(data) + _stragglers(data) + _spares(data))
+
+
+def _spares(data: dict) -> str:
+    rows = data.get("spares_rows")
+    if not rows:
+        return ""
+    from .control_plane_scale import SPARES_HEADER, spares_cells
+
+    return ("\n\nHot spares (`--spare-nodes` with `--max-restarts`; "
+            f"{data.get('spares_date', data['date'])}, `{data.get('spares_command', data['command'])}`): every seated node, "
+            "simulated as threads in 8 processes, runs the real `Seat.failed` as all workers fail at once, the way one rank's "
+            "death breaks every collective: the node whose rank was killed claims the round's fault at once, the others after "
+            "their 1 s wait. One `compare_set` per node, once per failure (the winner adds one to the spares used); spares "
+            "waiting make torch's own rendezvous requests (a sync a second), none of hpctorch's once the first round is "
+            "complete. 'every verdict' is from the end of the wait until the last node knew whether it leaves: a burst of N "
+            "requests on node 0's store, here from 2 shared cores. Exactly one node leaves, the one whose rank was killed.\n\n"
+            + table(SPARES_HEADER, spares_cells(rows)))
 
 
 def _screen(data: dict) -> str:
