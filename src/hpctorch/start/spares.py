@@ -136,8 +136,13 @@ class Seat:
         from torch.distributed.elastic.rendezvous import RendezvousError
 
         ready = f"{self.prefix}ready"
-        while not self.store.check([ready]):  # type: ignore[union-attr]
-            time.sleep(POLL_S)
+        try:
+            while not self.store.check([ready]):  # type: ignore[union-attr]
+                time.sleep(POLL_S)
+        except SpareDone:
+            raise
+        except Exception as exc:  # noqa: BLE001 - torch's store errors vary by version: the job's store is gone
+            raise SpareDone(f"the job's store is gone: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
         try:
             info = original()
         except RendezvousError as exc:  # closed (the job ended), graceful exit, or the store gone
