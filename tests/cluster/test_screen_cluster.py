@@ -117,8 +117,10 @@ def test_the_doctor_names_a_shaped_link_and_every_node_hears_the_verdict(cluster
 def test_spare_nodes_leave_the_shaped_master_out_and_the_rest_train_renumbered(cluster: Cluster, job_dir: Path) -> None:
     """node1 (node 0, the master) has the slow link: it sits out, node2 becomes the master."""
     with shaped(cluster, 1):
-        state, output, _ = screened(cluster, job_dir, "--spare-nodes", "1")
+        state, output, summary = screened(cluster, job_dir, "--spare-nodes", "1")
     assert state == "COMPLETED", output[-3000:]
+    # node2, node 0 from now on, writes the summary: with every node's figures, node1's too.
+    assert sorted(summary.get("screen", {}).get("figures", {})) == ["0", "1", "2"], summary
     assert "hpctorch: screen: node1: fabric " in output, output[-3000:]
     assert "hpctorch: node1 sits out as a spare (fabric " in output, output[-3000:]
     assert "hpctorch: running on 2 of 3 nodes (node[2-3]), world size 2, master 198.18.0.2; spare: node1" in output, output[-3000:]

@@ -151,7 +151,8 @@ def _store(port: int, master: bool):  # type: ignore[no-untyped-def]
     return TCPStore("127.0.0.1", port, None, master, datetime.timedelta(seconds=30), wait_for_workers=False, multi_tenant=True)
 
 
-def _screen_threads(nnodes: int, figures: dict[int, float], present: range | None = None, budget_s: float = 6.0) -> dict[int, screen.Screened]:
+def _screen_threads(nnodes: int, figures: dict[int, float], present: range | None = None, budget_s: float = 6.0,
+                    spares: int = 0) -> dict[int, screen.Screened]:
     """``nnodes`` nodes as threads on one real store, each measuring its real ring link on
     loopback; ``figures``: each node's compute figure (the local measure stands in: threads of
     one process share its CPUs). Nodes outside ``present`` never start."""
@@ -163,7 +164,7 @@ def _screen_threads(nnodes: int, figures: dict[int, float], present: range | Non
         store = server if rank == 0 else _store(port, False)
         local = lambda _gpus: {"figures": {"compute_gflops": figures[rank]}, "problems": [], "unmeasured": []}  # noqa: E731
         plan = _plan(rank, nnodes, port)
-        outcomes[rank] = screen.run(plan, store, 0.5, False, "hpctorch/t/screen/", 3.0, budget_s, local=local)
+        outcomes[rank] = screen.run(plan, store, 0.5, False, "hpctorch/t/screen/", 3.0, budget_s, local=local, spares=spares)
 
     threads = [threading.Thread(target=node, args=(r,)) for r in (present or range(nnodes))]
     for thread in threads:
@@ -181,6 +182,14 @@ def test_every_node_learns_node_0_s_verdict_through_the_store(monkeypatch: pytes
     assert all(o.bad_nodes == [1] for o in outcomes.values())
     records = outcomes[0].records
     assert sorted(records) == [0, 1, 2] and all(records[n]["fabric"]["to"] == (n + 1) % 3 and records[n]["fabric"]["mbs"] > 0 for n in records)
+
+
+def test_when_node_0_sits_out_the_new_node_0_alone_gets_every_node_s_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: f"host-{threading.current_thread().name}")
+    outcomes = _screen_threads(3, {0: 20.0, 1: 100.0, 2: 110.0}, spares=1)
+    assert all(o.spares == [0] for o in outcomes.values())
+    assert sorted(outcomes[1].records) == [0, 1, 2] and outcomes[1].records[0]["figures"]["compute_gflops"] == 20.0  # its summary's
+    assert outcomes[2].records == {}  # one reader, not N
 
 
 def test_a_node_that_never_comes_is_named_once_the_budget_passed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,7 +43,8 @@ POLL_MAX_S = 0.5
 
 @dataclass
 class Screened:
-    """The outcome, the same on every node; ``records`` (every node's figures) on node 0 only."""
+    """The outcome, the same on every node; ``records`` (every node's figures) on node 0 only, and
+    on the node that becomes node 0 when node 0 sits out as a spare."""
 
     findings: list[dict[str, Any]]
     unmeasured: list[str]
@@ -210,8 +211,12 @@ def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, go:
         outcome.spares = order[:spares]
         first = min(n for n in order[spares:])
         outcome.master = (records.get(first) or {}).get("addr") or (plan.nodes[first] if first < len(plan.nodes) else None)
+    heir = None
+    if spares and plan.node_rank in outcome.spares:  # node 0 sits out: the new node 0's summary gets the figures, read once by it alone
+        heir = min(n for n in order[spares:])
+        store.set(prefix + "figures", json.dumps(records))
     store.set(prefix + "verdict", json.dumps({"findings": findings, "unmeasured": outcome.unmeasured, "seconds": outcome.seconds,
-                                              "spares": outcome.spares, "master": outcome.master}))
+                                              "spares": outcome.spares, "master": outcome.master, "heir": heir}))
     end = time.monotonic() + ACK_S  # node 0's store must outlive the others' reading of the verdict
     while store.add(prefix + "read", 0) < len(records) - 1 + listeners and time.monotonic() < end:
         time.sleep(POLL_S)
@@ -233,11 +238,13 @@ def _verdict(plan: Plan, store, prefix: str, started: float, until: float) -> Sc
     try:
         store.wait([prefix + "verdict"], datetime.timedelta(seconds=wait_s))
         said = json.loads(store.get(prefix + "verdict"))
+        records = ({int(n): r for n, r in json.loads(store.get(prefix + "figures")).items()}
+                   if said.get("heir") == plan.node_rank else {})
         store.add(prefix + "read", 1)
     except Exception:  # noqa: BLE001 - node 0 gone or late: this node goes on, it cannot judge alone
         print(f"hpctorch: screen: node {plan.node_rank}: no verdict from node 0 within {wait_s:.0f} s; going on", file=sys.stderr, flush=True)
         return Screened([], [], time.monotonic() - started)
-    return Screened(said["findings"], said["unmeasured"], float(said["seconds"]), spares=said.get("spares", []), master=said.get("master"))
+    return Screened(said["findings"], said["unmeasured"], float(said["seconds"]), records, spares=said.get("spares", []), master=said.get("master"))
 
 
 def report(plan: Plan, outcome: Screened, threshold: float, action: str, env: Mapping[str, str], speaks: bool = True) -> None:
