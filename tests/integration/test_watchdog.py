@@ -76,6 +76,37 @@ def test_a_node_that_left_for_a_hot_spare_is_not_silent_and_the_summary_names_it
     assert dogs[0].final["done"] == {0: True, 1: False, 2: True} and dogs[0].final["replaced"] == {1: True}
 
 
+def _start_with_spares(nnodes: int) -> tuple[object, list[watchdog.JobWatchdog], dict[int, str]]:
+    port = free_port()
+    server = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
+                                        wait_for_workers=False, multi_tenant=True)
+    acted: dict[int, str] = {}
+    dogs = [watchdog.JobWatchdog(plan(n, nnodes, port), 30, on_abort=lambda reason, n=n: acted.setdefault(n, reason), spares=1).start()
+            for n in range(nnodes)]
+    return server, dogs, acted
+
+
+@pytest.mark.parametrize("moves_in", [True, False], ids=["spare-moves-in", "no-spare-comes"])
+def test_with_a_hot_spare_a_silent_node_is_left_to_it(monkeypatch: pytest.MonkeyPatch, capsys, moves_in: bool) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)
+    monkeypatch.setattr(watchdog, "MOVE_IN_S", 4.0)
+    server, dogs, acted = _start_with_spares(3)
+    wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(3)]))
+    dogs[1]._stop.set()  # node 1 is lost whole: torch's rendezvous drops it, a spare moves in (start.spares)
+    wait_for(lambda: server.get("hpctorch/wd/beat/1") == watchdog.REPLACED)
+    assert "hpctorch: node 1 (n1) went silent: no heartbeat for 3 s; a hot spare takes its place" in capsys.readouterr().err
+    if moves_in:
+        server.add("hpctorch/wd/spares/in", 1)
+        time.sleep(6)  # past the wait for a spare
+        assert acted == {}
+    else:  # no spare took the seat: the job ends, as it would have without spares
+        wait_for(lambda: len(acted) == 2)
+        assert acted[0] == acted[2] == "node 1 (n1) went silent, and no hot spare moved in within 4 s"
+    assert server.add("hpctorch/wd/spares/used", 0) == 1
+    for dog in dogs:
+        dog.close()
+
+
 def test_requests_per_node_do_not_grow_with_the_node_count() -> None:
     rates = {}
     for nnodes in (2, 12):

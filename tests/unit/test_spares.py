@@ -164,3 +164,28 @@ def test_a_spare_never_needed_leaves_when_the_job_closes_the_rendezvous() -> Non
     waiting.join(timeout=60)
     assert outcome and isinstance(outcome[0], spares.SpareDone), outcome
     assert spare_handler.shutdown() is True
+
+
+def test_ranks_broken_by_a_node_lost_whole_do_not_take_its_blame(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(spares, "SUSPECT_S", 1.5)
+    port = free_port()
+    server = _store(port, True)
+    _, broken, _ = _seats(port)
+    for node in range(3):
+        server.add(f"hpctorch/spares-test/beat/{node}", 1)  # every node's watchdog beat once
+    stop = threading.Event()
+
+    def beating() -> None:  # node 0's watchdog goes on beating; node 2's stopped: it is gone, and never claims
+        while not stop.wait(0.3):
+            server.add("hpctorch/spares-test/beat/0", 1)
+
+    beat = threading.Thread(target=beating, daemon=True)
+    beat.start()
+    try:
+        broken.failed(object(), {0: _failure(0, 1)})  # the first to claim, its ranks broken on node 2's loss
+    finally:
+        stop.set()
+        beat.join(timeout=10)
+    assert broken.leaving is None
+    assert "nid2 stopped beating (lost whole): a hot spare is for it; nid1 restarts in place" in capsys.readouterr().err
+    assert server.add(broken.prefix + "used", 0) == 0  # the spare is left for node 0's watchdog to give to nid2's seat

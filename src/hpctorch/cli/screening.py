@@ -112,7 +112,7 @@ def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Opti
             print(f"hpctorch: {names[plan.node_rank]} {how} ({why or 'the slowest of the nodes screened'})", file=sys.stderr, flush=True)
         if not hot:
             return None
-        waiting = plan_keeping(options, os.environ, [*kept, plan.node_rank], screened.master, plan.master_port)
+        waiting = plan_keeping(options, os.environ, [*kept, *screened.spares], screened.master, plan.master_port)  # a watchdog slot of its own
         return waiting, Seat(waiting, len(screened.spares), len(kept), spare=True, host=names[plan.node_rank])
     narrowed = plan_keeping(options, os.environ, kept, screened.master, plan.master_port)
     if narrowed.node_rank == 0 and speaks and not args.quiet:

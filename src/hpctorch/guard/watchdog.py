@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +62,10 @@ NEVER_BEAT_S = 60.0
 """Where the workers start before the watchdog (``nodewatch``): how long after every node's
 workers were known to run (their agreement) a node may take to send its first heartbeat (its
 helper imports torch then: slow from a loaded shared file system)."""
+MOVE_IN_S = 120.0
+"""Hot spares: how long node 0 waits for a spare to take a silent node's seat (torch drops the
+node when its rendezvous heartbeats stop, 15 s by default, then every node restarts) before it
+ends the job as it would have without spares."""
 COLLECT_S = 3.0
 """How long node 0 waits for the other nodes' part of a stack dump."""
 
@@ -79,12 +84,13 @@ class JobWatchdog:
     def __init__(self, plan: Plan, connect_timeout_s: float, on_abort: Callable[[str], None] | None = None,
                  startup_s: float | None = None, stacks=None, stall: StallWatch | None = None,  # type: ignore[no-untyped-def]
                  endpoint: tuple[str, int] | None = None, all_up: Callable[[], float | None] | None = None,
-                 stragglers: "Watch | None" = None) -> None:
+                 stragglers: "Watch | None" = None, spares: int = 0) -> None:
         """``on_abort(reason)`` stops this node's workers; by default SIGTERM to this
         process, which the torch agent turns into stopping its workers. ``endpoint``: the
         store watched, when not the master's (``nodewatch``). ``all_up()``: when (monotonic) every
         node was known to be running, if it was, from which a node never heard from is named.
-        ``stragglers``: this node's side of the straggler watch, stepped in a thread of its own."""
+        ``stragglers``: this node's side of the straggler watch, stepped in a thread of its own.
+        ``spares``: hot spares (``start.spares``): node 0 lets one take a silent node's place."""
         self.all_up = all_up
         self.plan = plan
         self.endpoint = endpoint or (plan.master_addr or "", plan.master_port)
@@ -118,6 +124,7 @@ class JobWatchdog:
         self._straggle = threading.Thread(target=self._straggle_loop, name="hpctorch-stragglers", daemon=True)
         self._output = -1
         self._wanted = 0
+        self.spares = spares
 
     def start(self) -> "JobWatchdog":
         if self.plan.nnodes > 1 or self.stall is not None:
@@ -258,7 +265,7 @@ class JobWatchdog:
                 store.set(f"{self.prefix}start/{self.plan.node_rank}", f"{self.startup_s:.3f}")  # once per node
             except Exception:  # noqa: BLE001 - only the closing summary misses it
                 pass
-        judge = Judge(self.plan, self.stall, self.all_up) if self.plan.is_master else None
+        judge = Judge(self.plan, self.stall, self.all_up, self.spares) if self.plan.is_master else None
         if self.stragglers is not None:
             try:
                 self.stragglers.announce(store)  # before this node's first beat
@@ -347,16 +354,18 @@ class JobWatchdog:
             publish(store, f"{self.stacks.prefix}stall{wanted}/", [self.plan.node_rank], own[0])
             return
         title = f"no rank wrote any output for {self.stall.seconds:.0f} s (--stall-timeout); the job goes on; stacks"
-        import sys
-
         print("\n".join(self.stacks.lines(store, f"stall{wanted}", own, COLLECT_S, title)), file=sys.stderr, flush=True)
 
 
 class Judge:
     """Node 0's view of every node's counters: who went silent, and whether all went quiet."""
 
-    def __init__(self, plan: Plan, stall: StallWatch | None = None, all_up: Callable[[], float | None] | None = None) -> None:
+    def __init__(self, plan: Plan, stall: StallWatch | None = None, all_up: Callable[[], float | None] | None = None,
+                 spares: int = 0) -> None:
         self.plan = plan
+        self.spares = spares
+        self.awaiting: tuple[str, float, int] | None = None
+        """A silent node a hot spare should replace: (its name, since when, spares moved in before)."""
         self.all_up = all_up
         self.stall = stall
         self.all_started = False
@@ -403,7 +412,31 @@ class Judge:
                 self.last_seen[node] = (value, now)
             elif now - since > SILENT_AFTER_S:
                 host = self.plan.nodes[node] if self.plan.nodes else f"node {node}"
-                return f"node {node} ({host}) went silent: no heartbeat for {SILENT_AFTER_S:.0f} s"
+                reason = f"node {node} ({host}) went silent: no heartbeat for {SILENT_AFTER_S:.0f} s"
+                if not self._spare_for(store, beats[node], reason, now):
+                    return reason
+        return self._moved_in(store, now)
+
+    def _spare_for(self, store, beat: str, reason: str, now: float) -> bool:  # type: ignore[no-untyped-def]
+        """With a hot spare left, a silent node is left to torch's rendezvous, which drops it when
+        its heartbeats stop and lets the spare in; its counter is marked so it is judged no more."""
+        prefix = f"hpctorch/{self.plan.run_id}/spares/"
+        if not self.spares or self.awaiting is not None or store.add(prefix + "used", 1) > self.spares:
+            return False
+        store.set(beat, REPLACED)
+        self.awaiting = (reason.split(" went silent")[0], now, store.add(prefix + "in", 0))
+        print(f"hpctorch: {reason}; a hot spare takes its place", file=sys.stderr, flush=True)
+        return True
+
+    def _moved_in(self, store, now: float) -> str | None:  # type: ignore[no-untyped-def]
+        """Once a silent node was left to a spare: the spare moved in, or the job ends."""
+        if self.awaiting is None:
+            return None
+        node, since, before = self.awaiting
+        if store.add(f"hpctorch/{self.plan.run_id}/spares/in", 0) > before:
+            self.awaiting = None
+        elif now - since > MOVE_IN_S:
+            return f"{node} went silent, and no hot spare moved in within {MOVE_IN_S:.0f} s"
         return None
 
 def logged_bytes(root: str | None) -> int:

@@ -218,7 +218,8 @@ def run_per_node(
 
     straggle = for_node(plan, straggle_dir, os.environ) if seat is None or not seat.spare else None  # node 0 reads the seated nodes'
     watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, on_abort=stop_workers, startup_s=time.time() - started,
-                           stacks=stacks, stall=watch, stragglers=straggle if plan.nnodes > 1 else None)
+                           stacks=stacks, stall=watch, stragglers=straggle if plan.nnodes > 1 else None,
+                           spares=seat.spares if seat is not None else 0)
     alone = Alone(straggle).start() if straggle is not None and plan.nnodes == 1 else None
     install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=restarting if plan.max_restarts else lambda: None,
                              failed=seat.failed if seat is not None else None)

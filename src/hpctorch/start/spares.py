@@ -14,6 +14,10 @@ shutdown), one that dies of a signal does not. The policy lives in the rendezvou
   rank that exited a second later, so a death outranks the errors it causes). Unless it serves the store (the master cannot be
   replaced) or no spare is left, that node leaves the rendezvous instead of rejoining, marks its
   watchdog slot ``replaced`` and exits 0; a spare moves in and every node restarts in a new round;
+- a node lost whole (its hpctorch gone) never claims: a node whose ranks merely exited first
+  watches the others' watchdog counters for ``SUSPECT_S`` and restarts in place when one stopped;
+  node 0's watchdog, instead of ending the job, marks the silent node replaced and torch's
+  rendezvous drops it when its heartbeats stop, which lets the spare in;
 - a spare that was never needed leaves when the job ends (the closed rendezvous, or the
   watchdog's verdict, its SIGTERM) and exits 0.
 """
@@ -34,6 +38,10 @@ RAISED_WAIT_S = 1.0
 """How long a node whose ranks exited (rather than died of a signal) waits before it claims the
 round's fault: a peer's rank killed outright (the OOM killer, a bus error) is the cause, and the
 ranks whose collectives broke on it exit through Python's error path, maybe as fast as its agent notices."""
+SUSPECT_S = 5.0
+"""How long a node whose ranks exited watches its peers' watchdog counters (a beat every 2 s)
+before it leaves: a peer lost whole (its hpctorch gone, so it never claims) broke those ranks, and
+it is the one to replace (node 0's watchdog hands its seat to a spare once it is silent)."""
 LEAVE_S = 10.0
 """How long a replaced node tries to leave the rendezvous; past it, torch drops the node when its
 heartbeats stop (keep-alive interval times attempts: 15 s by default)."""
@@ -97,6 +105,10 @@ class Seat:
             won = self.store.compare_set(f"{self.prefix}fault/{self.round}", "", me) == me
             if not won:
                 return  # a peer's rank failed first: this node's ranks broke on it, and restart
+            lost = self._lost_peers() if int(getattr(first, "exitcode", 1)) >= 0 else []
+            if lost:
+                _say(f"{', '.join(lost)} stopped beating (lost whole): a hot spare is for it; {self.host} restarts in place ({why})")
+                return
             if self.plan.is_master:
                 _say(f"{self.host} cannot be replaced by a spare (it serves the job's store): it restarts in place ({why})")
                 return
@@ -106,6 +118,17 @@ class Seat:
         except Exception:  # noqa: BLE001 - the store's host may be gone: torch's restart reports it
             return
         self.leaving = (why, int(getattr(first, "exitcode", 1)))
+
+    def _lost_peers(self) -> list[str]:
+        """The other seated nodes whose watchdog counter did not move for ``SUSPECT_S``."""
+        beats = {n: f"hpctorch/{self.plan.run_id}/beat/{n}" for n in range(self.seats) if n != self.plan.node_rank}
+        if not beats or not self.store.check(list(beats.values())):  # type: ignore[union-attr]
+            return []
+        before = self.store.multi_get(list(beats.values()))  # type: ignore[union-attr]
+        time.sleep(SUSPECT_S)
+        after = self.store.multi_get(list(beats.values()))  # type: ignore[union-attr]
+        return [self.plan.nodes[n] if n < len(self.plan.nodes) else f"node {n}"
+                for n, old, new in zip(beats, before, after) if old == new and new not in (b"done", b"replaced")]
 
     # -- torch's handler, wrapped -----------------------------------------------------------------
 
