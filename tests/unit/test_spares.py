@@ -86,16 +86,15 @@ def test_the_master_restarts_in_place_and_the_spares_run_out(capsys) -> None:  #
     assert "no spare left to replace nid2: it restarts in place (its local rank 0 died of SIGSEGV)" in capsys.readouterr().err
 
 
-def test_one_claim_per_process_context_and_none_before_the_seat_is_taken() -> None:
+def test_one_claim_per_round_and_none_before_the_seat_is_taken() -> None:
     port = free_port()
     server = _store(port, True)  # noqa: F841
     _, node, _ = _seats(port)
-    context = object()
-    node.failed(context, {})  # no failures: a success or a membership restart
+    node.failed(object(), {})  # no failures: a success or a membership restart
     assert node.leaving is None
-    node.failed(context, {0: _failure(0, -9)})
+    node.failed(object(), {0: _failure(0, -9)})
     node.leaving = None
-    node.failed(context, {0: _failure(0, -9)})  # torch closes the same context twice (its poll, then the agent)
+    node.failed(object(), {0: _failure(0, -9)})  # torch closes a round's context twice (its poll, then the agent)
     assert node.leaving is None
     waiting = spares.Seat(_plan(2, 3, port), 1, 2, spare=True, host="nid2")
     waiting.store = node.store

@@ -93,8 +93,8 @@ def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Opti
                    speaks: bool = True) -> tuple[Plan, Seat | None] | None:
     """--spare-nodes: this process's plan on the nodes kept, or None on a spare (said once per
     node, by the process that ``speaks`` for it). With --max-restarts (hot spares) every node
-    also gets its seat, and a spare a plan of the kept nodes and itself, to wait in torch's
-    rendezvous."""
+    also gets its seat, and a spare a plan of the kept nodes and the spares after them (a watchdog
+    slot of its own), to wait in torch's rendezvous."""
     from ..guard.screen import host_of
     from ..plan.discover import plan_keeping
 
@@ -112,7 +112,7 @@ def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Opti
             print(f"hpctorch: {names[plan.node_rank]} {how} ({why or 'the slowest of the nodes screened'})", file=sys.stderr, flush=True)
         if not hot:
             return None
-        waiting = plan_keeping(options, os.environ, [*kept, *screened.spares], screened.master, plan.master_port)  # a watchdog slot of its own
+        waiting = plan_keeping(options, os.environ, [*kept, *screened.spares], screened.master, plan.master_port)
         return waiting, Seat(waiting, len(screened.spares), len(kept), spare=True, host=names[plan.node_rank])
     narrowed = plan_keeping(options, os.environ, kept, screened.master, plan.master_port)
     if narrowed.node_rank == 0 and speaks and not args.quiet:

@@ -250,7 +250,8 @@ def run_per_node(
             failure = WorkersFailed(f"stopped by {exc.sigval.name}", exit_code=128 + int(exc.sigval))
     except spares.Replaced as exc:
         watchdog.replaced()
-        print(f"hpctorch: {seat.host if seat else node_host(plan)} leaves the job: {exc}; a hot spare takes its place", file=sys.stderr, flush=True)  # noqa: E501
+        host = seat.host if seat else node_host(plan)
+        print(f"hpctorch: {host} leaves the job: {exc}; a hot spare takes its place", file=sys.stderr, flush=True)
         if exc.exit_code == -getattr(signal, "SIGBUS", 0):  # a memory error, as failure_line counts one
             mark_bad(plan, f"{exc} (replaced by a hot spare)")
         return

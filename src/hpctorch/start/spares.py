@@ -92,10 +92,10 @@ class Seat:
 
     def failed(self, context: object, failures: Mapping[int, object]) -> None:
         """torch's process context saw ``failures`` (local rank -> ProcessFailure) on this node:
-        claim the round's fault, once per context."""
-        if not failures or not self.joined or self.store is None or id(context) in self._claimed:
+        claim the round's fault, once per round (torch closes a context twice: its poll, the agent)."""
+        if not failures or not self.joined or self.store is None or self.round in self._claimed:
             return
-        self._claimed.add(id(context))
+        self._claimed.add(self.round)
         first = min(failures.values(), key=lambda f: getattr(f, "timestamp", 0))
         why = describe(first)
         me = str(self.plan.node_rank).encode()
@@ -140,8 +140,7 @@ class Seat:
             return self._move_in(original)
         info = original()
         self._note_round()
-        if self.round >= 0:
-            self.store.set(f"{self.prefix}ready", "1")  # type: ignore[union-attr]  # every kept node: the first to return opens it
+        self.store.set(f"{self.prefix}ready", "1")  # type: ignore[union-attr]  # the round is complete: spares may join now
         return info
 
     def shutdown(self, original) -> bool:  # type: ignore[no-untyped-def]
