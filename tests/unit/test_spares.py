@@ -70,6 +70,19 @@ def test_a_death_by_a_signal_outranks_an_exit_that_came_first() -> None:
     assert broken.leaving is None
 
 
+def test_an_abort_counts_as_an_error_path_not_as_a_kill() -> None:
+    port = free_port()
+    server = _store(port, True)  # noqa: F841
+    _, killed, aborted = _seats(port)
+    # NCCL's watchdog aborts the ranks whose collectives broke: SIGABRT, maybe before the killed rank's agent noticed.
+    early = threading.Thread(target=aborted.failed, args=(object(), {0: _failure(0, -6)}))
+    early.start()
+    time.sleep(0.1)
+    killed.failed(object(), {0: _failure(0, -9)})
+    early.join(timeout=30)
+    assert killed.leaving is not None and aborted.leaving is None
+
+
 def test_the_master_restarts_in_place_and_the_spares_run_out(capsys) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
     server = _store(port, True)  # noqa: F841

@@ -37,7 +37,8 @@ POLL_S = 0.5
 RAISED_WAIT_S = 1.0
 """How long a node whose ranks exited (rather than died of a signal) waits before it claims the
 round's fault: a peer's rank killed outright (the OOM killer, a bus error) is the cause, and the
-ranks whose collectives broke on it exit through Python's error path, maybe as fast as its agent notices."""
+ranks whose collectives broke on it exit through Python's error path (or abort, as NCCL's
+watchdog does), maybe as fast as its agent notices."""
 SUSPECT_S = 5.0
 """How long a node whose ranks exited watches its peers' watchdog counters (a beat every 2 s)
 before it leaves: a peer lost whole (its hpctorch gone, so it never claims) broke those ranks, and
@@ -99,13 +100,14 @@ class Seat:
         first = min(failures.values(), key=lambda f: getattr(f, "timestamp", 0))
         why = describe(first)
         me = str(self.plan.node_rank).encode()
-        if int(getattr(first, "exitcode", 1)) >= 0:
+        killed = _killed(first)
+        if not killed:
             time.sleep(RAISED_WAIT_S)
         try:
             won = self.store.compare_set(f"{self.prefix}fault/{self.round}", "", me) == me
             if not won:
                 return  # a peer's rank failed first: this node's ranks broke on it, and restart
-            lost = self._lost_peers() if int(getattr(first, "exitcode", 1)) >= 0 else []
+            lost = [] if killed else self._lost_peers()
             if lost:
                 _say(f"{', '.join(lost)} stopped beating (lost whole): a hot spare is for it; {self.host} restarts in place ({why})")
                 return
@@ -195,6 +197,13 @@ class Seat:
             self.round = int(self.handler._state_holder.state.round)  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - torch's private state moved: a count of this node's own rounds
             self.round += 1
+
+
+def _killed(failure: object) -> bool:
+    """Killed from outside (the OOM killer, a bus error, a segfault), not on an error path of its
+    own: SIGABRT is how torch and NCCL end a process on an error (a peer's broken collective too)."""
+    code = int(getattr(failure, "exitcode", 1))
+    return code < 0 and -code != int(signal.SIGABRT)
 
 
 def describe(failure: object) -> str:
