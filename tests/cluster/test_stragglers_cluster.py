@@ -94,5 +94,10 @@ def test_per_task_the_throttled_node_is_named_by_rank_0(cluster: Cluster, job_di
     state, output = cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=2", timeout=300)
     assert state == "COMPLETED", output[-3000:]
     lines = straggler_lines(output)
-    assert lines and all(throttled_cpu in line for line in lines), output[-3000:]
+    # Named by rank 0 for its quota, the cause only the throttled node has (cgroup cpu.stat). Six
+    # ranks share this machine's 2 cores, 0.5 core each once node3's are held back: a rank beside
+    # srun's output forwarding (node1) may really compute slower for a window and be named for its
+    # share (CI, once: "rank 1 (node1) computes 1.7x the median step"); a quota line never names it.
+    quota = [line for line in lines if "its CPU quota held it back" in line]
+    assert quota and all(f"({throttled_cpu})" in line or f"node {throttled_cpu} (" in line for line in quota), output[-3000:]
     print("\n".join(lines))
