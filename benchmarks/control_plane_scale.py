@@ -24,6 +24,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 from hpctorch.host.network import free_port
@@ -141,7 +143,7 @@ def run(nnodes: int, idle_s: float) -> dict[str, float]:
     children = [subprocess.Popen([PYTHON, "-m", "benchmarks.control_plane_scale", "--client", str(bounds[p]), str(bounds[p + 1]),
                                   str(nnodes), str(port), str(agree_port), str(idle_s)],
                                  cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, text=True) for p in range(processes)]
-    try:
+    with _reaped(children):
         while int(control.add("bench/agree-ready", 0)) < processes:
             time.sleep(0.05)
         agree_start = time.time()
@@ -156,11 +158,7 @@ def run(nnodes: int, idle_s: float) -> dict[str, float]:
             time.sleep(0.1)
         failed_at = time.time()
         control.set("bench/fail", "1")
-        results = [json.loads(child.communicate(timeout=180)[0].strip().splitlines()[-1]) for child in children]
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
+        results = _reports(children, 180)
     requests = sum(r["requests"] for r in results)
     window = max(r["window"] for r in results)
     acted = [t for r in results for t in r["acted"]]
@@ -227,6 +225,22 @@ class CountingStore:
         return counted
 
 
+def _reports(children: list[subprocess.Popen], timeout_s: float) -> list[dict]:
+    """Each client process's report: the JSON of its last line."""
+    return [json.loads(child.communicate(timeout=timeout_s)[0].strip().splitlines()[-1]) for child in children]
+
+
+@contextmanager
+def _reaped(children: list[subprocess.Popen]) -> Iterator[None]:
+    """The client processes of one part, killed if still running when it ends (a part that failed)."""
+    try:
+        yield
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+
+
 def _as_threads(node, first: int, last: int) -> None:  # type: ignore[no-untyped-def]
     """Simulated nodes ``first``..``last - 1`` of a client process, one thread each."""
     threads = [threading.Thread(target=node, args=(n,)) for n in range(first, last)]
@@ -282,16 +296,12 @@ def screen_scale(nnodes: int) -> dict[str, float]:
     port = free_port()
     served = CountingStore(_store(port, True))
     children = _clients("--screen-client", nnodes, port)
-    try:
+    with _reaped(children):
         started = time.perf_counter()
         outcome = screen.run(node_plan(0, nnodes, port), served, 0.5, False, "hpctorch/bench/screen/", 120, SCREEN_BUDGET_S,
                              local=lambda _gpus: _screen_record(0), ring=False)
         total_s = time.perf_counter() - started
-        results = [json.loads(child.communicate(timeout=300)[0].strip().splitlines()[-1]) for child in children]
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
+        results = _reports(children, 300)
     per_node = [count for r in results for count in r["requests"].values()]
     judged = time.perf_counter()
     judge.judge(outcome.records, nnodes, 0.5, node_plan(0, nnodes, port).nodes)
@@ -348,23 +358,18 @@ def spares_scale(nnodes: int) -> dict[str, float]:
 
     print(f"control_plane_scale: hot spares' claim at {nnodes} nodes", file=sys.stderr, flush=True)
     port = free_port()
-    served = CountingStore(_store(port, True))
+    served = _store(port, True)  # the nodes' own requests are counted each by its seat's client
     children = _clients("--spares-client", nnodes, port)
-    try:
+    with _reaped(children):
         mine = {0: _seat(0, nnodes, port)}
         deadline = time.monotonic() + 300
-        while served.store.add("bench/spares/ready", 0) < len(children):
+        while served.add("bench/spares/ready", 0) < len(children):
             assert time.monotonic() < deadline, "the simulated nodes never connected"
             time.sleep(0.1)
-        served.requests = 0
         go = time.time()
-        served.store.set("bench/spares/go", "1")
+        served.set("bench/spares/go", "1")
         results = [_claims(mine, nnodes)]
-        results += [json.loads(child.communicate(timeout=300)[0].strip().splitlines()[-1]) for child in children]
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
+        results += _reports(children, 300)
     per_node = [count for r in results for count in r["requests"].values()]  # type: ignore[attr-defined]
     leaving = [n for r in results for n in r["leaving"]]  # type: ignore[attr-defined]
     return {
@@ -442,7 +447,7 @@ def straggle_scale(nnodes: int) -> dict[str, float]:
         watch, folder = _straggle_watch(0, nnodes, port, root)
         watch.announce(served)
         children = _clients("--straggle-client", nnodes, port, root)
-        try:
+        with _reaped(children):
             for round_ in range(STRAGGLE_ROUNDS - 1):
                 _straggle_files(folder, 0, round_)
                 watch.step(served, round_ * 10.0)
@@ -462,11 +467,7 @@ def straggle_scale(nnodes: int) -> dict[str, float]:
             started = time.perf_counter()
             judge({n: {int(k): v for k, v in r.get("w", {}).items()} for n, r in records.items()}, watch.plan, 0.2)
             judge_s = time.perf_counter() - started
-            results = [json.loads(child.communicate(timeout=300)[0].strip().splitlines()[-1]) for child in children]
-        finally:
-            for child in children:
-                if child.poll() is None:
-                    child.kill()
+            results = _reports(children, 300)
     per_node = [count for r in results for count in r["requests"].values()]
     return {"nodes": nnodes, "ranks": nnodes * STRAGGLE_RANKS, "straggle_requests_per_node": max(per_node),
             "straggle_requests_node0": node0_requests, "straggle_record_bytes": record_bytes, "straggle_step_s": step_s,
