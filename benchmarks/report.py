@@ -125,37 +125,41 @@ def control_plane_scale(data: dict) -> str:
 
 
 def _spares(data: dict) -> str:
-    rows = data.get("spares_rows")
-    if not rows:
-        return ""
     from .control_plane_scale import SPARES_HEADER, spares_cells
 
-    return ("\n\nHot spares (`--spare-nodes` with `--max-restarts`; "
-            f"{data.get('spares_date', data['date'])}, `{data.get('spares_command', data['command'])}`): every seated node, "
-            "simulated as threads in 8 processes, runs the real `Seat.failed` as all workers fail at once, the way one rank's "
-            "death breaks every collective: the node whose rank was killed claims the round's fault at once, the others after "
-            "their 1 s wait. One `compare_set` per node, once per failure (the winner adds one to the spares used); spares "
-            "waiting make torch's own rendezvous requests (a sync a second), none of hpctorch's once the first round is "
-            "complete. 'every verdict' is from the end of the wait until the last node knew whether it leaves: a burst of N "
-            "requests on node 0's store, here from 2 shared cores. Exactly one node leaves, the one whose rank was killed.\n\n"
-            + table(SPARES_HEADER, spares_cells(rows)))
+    return _part(data, "spares", "Hot spares (`--spare-nodes` with `--max-restarts`", (
+        "every seated node, "
+        "simulated as threads in 8 processes, runs the real `Seat.failed` as all workers fail at once, the way one rank's "
+        "death breaks every collective: the node whose rank was killed claims the round's fault at once, the others after "
+        "their 1 s wait. One `compare_set` per node, once per failure (the winner adds one to the spares used); spares "
+        "waiting make torch's own rendezvous requests (a sync a second), none of hpctorch's once the first round is "
+        "complete. 'every verdict' is from the end of the wait until the last node knew whether it leaves: a burst of N "
+        "requests on node 0's store, here from 2 shared cores. Exactly one node leaves, the one whose rank was killed."),
+        SPARES_HEADER, spares_cells)
+
+
+def _part(data: dict, name: str, title: str, prose: str, header: list[str], cells) -> str:  # type: ignore[no-untyped-def]
+    """One part of benchmark 7 run on its own (``--only``): its title, date and command, what it
+    measures, its table; nothing when it was never run."""
+    rows = data.get(f"{name}_rows")
+    if not rows:
+        return ""
+    return (f"\n\n{title}; {data.get(f'{name}_date', data['date'])}, `{data.get(f'{name}_command', data['command'])}`): {prose}\n\n"
+            + table(header, cells(rows)))
 
 
 def _screen(data: dict) -> str:
-    rows = data.get("screen_rows")
-    if not rows:
-        return ""
     from .control_plane_scale import SCREEN_HEADER, screen_cells
 
-    return ("\n\nThe screen (`--screen`, and the doctor; "
-            f"{data.get('screen_date', data['date'])}, `{data.get('screen_command', data['command'])}`): node 0 runs the real "
-            "`screen.run` and the others, simulated as threads in 8 processes, too, with a record standing in for their "
-            "measures (their own CPUs' work, done in parallel on real nodes) and no ring link (one machine). Requests per "
-            "node: a flat 7 (address, arrival, the go, record, arrived, the verdict, its acknowledgement; the two waits "
-            "block in the store). Node 0 reads the records that arrived, the new ones in one `multi_get`, with backoff. "
-            "'go to verdict' is node 0's collection and judgement once every node arrived, bounded by the budget (15 s "
-            "in a job); 'with arrivals' adds the simulated nodes' start (importing torch in 8 processes on 2 cores). One "
-            "node in 64 carries a slow CPU: every one is named.\n\n" + table(SCREEN_HEADER, screen_cells(rows)))
+    return _part(data, "screen", "The screen (`--screen`, and the doctor", (
+        "node 0 runs the real "
+        "`screen.run` and the others, simulated as threads in 8 processes, too, with a record standing in for their "
+        "measures (their own CPUs' work, done in parallel on real nodes) and no ring link (one machine). Requests per "
+        "node: a flat 7 (address, arrival, the go, record, arrived, the verdict, its acknowledgement; the two waits "
+        "block in the store). Node 0 reads the records that arrived, the new ones in one `multi_get`, with backoff. "
+        "'go to verdict' is node 0's collection and judgement once every node arrived, bounded by the budget (15 s "
+        "in a job); 'with arrivals' adds the simulated nodes' start (importing torch in 8 processes on 2 cores). One "
+        "node in 64 carries a slow CPU: every one is named."), SCREEN_HEADER, screen_cells)
 
 
 def straggler_overhead(data: dict) -> str:
@@ -194,36 +198,31 @@ def stage_spread(data: dict) -> str:
 
 
 def _stragglers(data: dict) -> str:
-    rows = data.get("straggle_rows")
-    if not rows:
-        return ""
     from .control_plane_scale import STRAGGLE_HEADER, straggle_cells
 
-    return ("\n\nThe straggler watch (`--stragglers`, on by default; "
-            f"{data.get('straggle_date', data['date'])}, `{data.get('straggle_command', data['command'])}`): every node, simulated as "
-            "threads in 8 processes, runs the real `Watch` over 8 workers' files (running totals, 10 s apart) and sets its one "
-            "record a round (every 10 s in a job); node 0 reads every record in one `multi_get` and judges every rank. One node in "
-            "64 has a rank that spends 5% of its time inside collectives while the others spend 45%: each one is named. The "
-            "record grows with the ranks of a node, not with N. Node 0's step (read every record, judge) is timed while the "
-            "simulated nodes' 8 processes still share the 2 cores; the judgement alone (parse and judge every rank) is what node "
-            "0's watchdog spends every 10 s.\n\n" + table(STRAGGLE_HEADER, straggle_cells(rows)))
+    return _part(data, "straggle", "The straggler watch (`--stragglers`, on by default", (
+        "every node, simulated as "
+        "threads in 8 processes, runs the real `Watch` over 8 workers' files (running totals, 10 s apart) and sets its one "
+        "record a round (every 10 s in a job); node 0 reads every record in one `multi_get` and judges every rank. One node in "
+        "64 has a rank that spends 5% of its time inside collectives while the others spend 45%: each one is named. The "
+        "record grows with the ranks of a node, not with N. Node 0's step (read every record, judge) is timed while the "
+        "simulated nodes' 8 processes still share the 2 cores; the judgement alone (parse and judge every rank) is what node "
+        "0's watchdog spends every 10 s."), STRAGGLE_HEADER, straggle_cells)
 
 
 def _shared_files(data: dict) -> str:
-    rows = data.get("files_rows")
-    if not rows:
-        return ""
-    return ("\n\nThe shared-file channel (`sharedfiles.BeatingFiles`: the agreement and the doctor, through the submit "
-            f"directory; {data.get('files_date', data['date'])}, `{data.get('files_command', data['command'])}`): every "
-            "simulated node publishes and reads once a poll (a poll is a second at the real 1 s interval), on this "
-            "machine's local disk. A node writes its record once and then only moves its file's time (one `utime`); a "
-            "node other than 0 opens node 0's file alone; node 0 scans the folder once a poll and reads a file only when "
-            "it was replaced, with a `stat` per peer only until it has seen that peer beat. Before, every node read every "
-            "node's file every second ('before').\n\n" +
-            table(["nodes", "file calls per node per poll", "at node 0 per poll", "node 0 until all seen", "all seen after (polls)",
-                   "before: per node per poll", "one poll of all nodes (s)"],
-                  [[r["nodes"], r["files_per_node_per_poll"], r["files_node0_per_poll"], r["files_node0_until_seen"],
-                    r["files_all_seen_poll"], r["files_old_per_node_per_poll"], f"{r['files_poll_s']:.2f}"] for r in rows]))
+    header = ["nodes", "file calls per node per poll", "at node 0 per poll", "node 0 until all seen", "all seen after (polls)",
+              "before: per node per poll", "one poll of all nodes (s)"]
+    return _part(data, "files", "The shared-file channel (`sharedfiles.BeatingFiles`: the agreement and the doctor, through the submit "
+                 "directory", (
+                     "every "
+                     "simulated node publishes and reads once a poll (a poll is a second at the real 1 s interval), on this "
+                     "machine's local disk. A node writes its record once and then only moves its file's time (one `utime`); a "
+                     "node other than 0 opens node 0's file alone; node 0 scans the folder once a poll and reads a file only when "
+                     "it was replaced, with a `stat` per peer only until it has seen that peer beat. Before, every node read every "
+                     "node's file every second ('before')."), header,
+                 lambda rows: [[r["nodes"], r["files_per_node_per_poll"], r["files_node0_per_poll"], r["files_node0_until_seen"],
+                                r["files_all_seen_poll"], r["files_old_per_node_per_poll"], f"{r['files_poll_s']:.2f}"] for r in rows])
 
 
 def _plot_control_plane(data: dict) -> None:
