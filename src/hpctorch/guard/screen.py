@@ -211,9 +211,8 @@ def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, go:
         outcome.spares = order[:spares]
         first = min(n for n in order[spares:])
         outcome.master = (records.get(first) or {}).get("addr") or (plan.nodes[first] if first < len(plan.nodes) else None)
-    heir = None
-    if spares and plan.node_rank in outcome.spares:  # node 0 sits out: the new node 0's summary gets the figures, read once by it alone
-        heir = min(n for n in order[spares:])
+    heir = first if spares and plan.node_rank in outcome.spares else None
+    if heir is not None:  # node 0 sits out: the new node 0's summary gets the figures, read once by it alone
         store.set(prefix + "figures", json.dumps(records))
     store.set(prefix + "verdict", json.dumps({"findings": findings, "unmeasured": outcome.unmeasured, "seconds": outcome.seconds,
                                               "spares": outcome.spares, "master": outcome.master, "heir": heir}))

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from ..plan.types import Plan
 from ..terminal import printable
+from .keys import DONE, REPLACED, beat_key, spares_prefix
 from .stragglers import Watch
 
 POLL_S = 0.5
@@ -52,9 +53,6 @@ SILENT_AFTER_S = 10.0
 UNREACHABLE_AFTER_S = 3.0
 STORE_TIMEOUT_S = 2
 LINGER_S = 5.0
-DONE = b"done"
-REPLACED = b"replaced"
-"""A node's counter once it left the job for a hot spare (``start.spares``): never silent."""
 FINISHED, ABORTED = 1, 2
 """Values of the ``state`` counter: node 0 adds 1 when its workers succeeded, a node that
 aborts adds 2 (so any value from 2 up means aborted, whatever else happened)."""
@@ -109,7 +107,7 @@ class JobWatchdog:
         # Sizing the logs and taking stacks can block (a stalled shared file system, py-spy, the
         # collection's wait): never in the beating thread, or node 0 would call a healthy node silent.
         self._side = threading.Thread(target=self._watch_output_loop, name="hpctorch-stall-watch", daemon=True)
-        self._beats = [f"{self.prefix}beat/{n}" for n in range(plan.nnodes)] if plan.is_master else []
+        self._beats = [beat_key(plan.run_id, n) for n in range(plan.nnodes)] if plan.is_master else []
         self.startup_s = startup_s
         """Seconds from this node's hpctorch start to its workers' start; node 0 reads every node's."""
         self.final: dict[str, dict[int, object]] = {}
@@ -160,7 +158,7 @@ class JobWatchdog:
         self._finish(None, "")
 
     def _beat_key(self) -> str:
-        return f"{self.prefix}beat/{self.plan.node_rank}"
+        return beat_key(self.plan.run_id, self.plan.node_rank)
 
     def _finish(self, key: str | None, value: str) -> None:
         # Join before the last write and before this process exits: a daemon thread
@@ -420,7 +418,7 @@ class Judge:
     def _spare_for(self, store, beat: str, reason: str, now: float) -> bool:  # type: ignore[no-untyped-def]
         """With a hot spare left, a silent node is left to torch's rendezvous, which drops it when
         its heartbeats stop and lets the spare in; its counter is marked so it is judged no more."""
-        prefix = f"hpctorch/{self.plan.run_id}/spares/"
+        prefix = spares_prefix(self.plan.run_id)
         if not self.spares or self.awaiting is not None or store.add(prefix + "used", 1) > self.spares:
             return False
         store.set(beat, REPLACED)
@@ -433,7 +431,7 @@ class Judge:
         if self.awaiting is None:
             return None
         node, since, before = self.awaiting
-        if store.add(f"hpctorch/{self.plan.run_id}/spares/in", 0) > before:
+        if store.add(spares_prefix(self.plan.run_id) + "in", 0) > before:
             self.awaiting = None
         elif now - since > MOVE_IN_S:
             return f"{node} went silent, and no hot spare moved in within {MOVE_IN_S:.0f} s"

@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..guard.keys import DONE, REPLACED, beat_key, spares_prefix
 from ..plan.types import Plan
 
 BACKEND = "hpctorch-spares"
@@ -86,7 +87,7 @@ class Seat:
 
     def __post_init__(self) -> None:
         self.joined = not self.spare
-        self.prefix = f"hpctorch/{self.plan.run_id}/spares/"
+        self.prefix = spares_prefix(self.plan.run_id)
         self._claimed: set[int] = set()
 
     # -- the fault ------------------------------------------------------------------------------
@@ -123,14 +124,14 @@ class Seat:
 
     def _lost_peers(self) -> list[str]:
         """The other seated nodes whose watchdog counter did not move for ``SUSPECT_S``."""
-        beats = {n: f"hpctorch/{self.plan.run_id}/beat/{n}" for n in range(self.seats) if n != self.plan.node_rank}
+        beats = {n: beat_key(self.plan.run_id, n) for n in range(self.seats) if n != self.plan.node_rank}
         if not beats or not self.store.check(list(beats.values())):  # type: ignore[union-attr]
             return []
         before = self.store.multi_get(list(beats.values()))  # type: ignore[union-attr]
         time.sleep(SUSPECT_S)
         after = self.store.multi_get(list(beats.values()))  # type: ignore[union-attr]
         return [self.plan.nodes[n] if n < len(self.plan.nodes) else f"node {n}"
-                for n, old, new in zip(beats, before, after) if old == new and new not in (b"done", b"replaced")]
+                for n, old, new in zip(beats, before, after) if old == new and new not in (DONE, REPLACED)]
 
     # -- torch's handler, wrapped -----------------------------------------------------------------
 
