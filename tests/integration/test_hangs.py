@@ -46,6 +46,17 @@ class Job:
                 raise AssertionError(f"hung: {pattern!r} never came; output:\n{''.join(self.output)[-3000:]}") from None
             seen += bool(re.search(pattern, line))
 
+    def quiet_for(self, seconds: float) -> None:
+        """No line for ``seconds`` (by this test's clock): a line fails at once. On a loaded
+        machine the job's watch polls less often, never more: load cannot bring a line here."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                return
+            raise AssertionError(f"{line!r} came; output:\n{''.join(self.output)[-3000:]}")
+
     def stop(self) -> None:
         # SIGTERM: the agent stops its workers (they lead their own process groups; a
         # SIGKILL of the agent alone would leave them behind).
@@ -93,14 +104,38 @@ def test_no_job_here_is_one_line_and_exit_2() -> None:
 
 
 def test_a_stall_is_dumped_once_and_the_job_goes_on(job_factory) -> None:  # type: ignore[no-untyped-def]
+    # One dump per stall: a stall is the silence after the last output. Under load the ranks may
+    # reach their hang one by one, each "ready" line ending a stall: the dump that counts is the one
+    # showing the hang, and no other follows it while the silence lasts (three more timeouts).
     # torch's C++ warnings (e.g. gloo's late socket notices) are output too: kept out of this count.
     job = job_factory("--simulate-nodes", "2", "--nproc-per-node", "2", "--stall-timeout", "3", TORCH_CPP_LOG_LEVEL="ERROR")
-    job.wait_for(r"no rank wrote any output for 3 s \(--stall-timeout\); the job goes on")
     job.wait_for(r"ranks 0-2 \(.*\): all_reduce ← train_step hang\.py")
-    time.sleep(5)  # more than the timeout again, without new output: no second dump
+    job.wait_for(r"rank 3 \(.*\): stuck_here hang\.py:\d+|every thread of every rank")
+    job.quiet_for(9)
     text = "".join(job.output)
-    assert text.count("--stall-timeout") == 1, text
-    assert re.search(r"  rank 3 \(.*\): stuck_here hang\.py:\d+", text), text
+    hang = text.rindex("no rank wrote any output for 3 s (--stall-timeout); the job goes on")
+    assert text[hang:].count("--stall-timeout") == 1, text
+    assert re.search(r"  rank 3 \(.*\): stuck_here hang\.py:\d+", text[hang:]), text
+    assert text[:hang].count("rank ") >= 4  # every rank's "ready" came before: no dump during the start
+    assert job.process.poll() is None
+
+
+@pytest.mark.parametrize("starter", [(), ("--max-restarts", "1")], ids=["hpctorch-starter", "torch-agent"])
+def test_one_node_stall_with_kill_ends_the_job_with_the_stacks(job_factory, starter: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    # One node has no watchdog store (torch's agent may pick its port): the stall is watched beside the workers.
+    job = job_factory("--nproc-per-node", "2", *starter, "--stall-timeout", "5", "--stall-action", "kill")
+    assert job.process.wait(timeout=HANG_GUARD_S) == 1
+    text = "".join(job.output)
+    assert "where the other ranks were when the job was stopped: 2 rank(s) on 1 node(s)" in text, text
+    assert re.search(r"  rank 1 \(.*\): stuck_here hang\.py:\d+", text), text
+    assert re.search(r"  rank 0 \(.*\): all_reduce ← train_step hang\.py:\d+", text), text
+    assert text.rstrip().endswith("hpctorch: stopped: no rank wrote any output for 5 s (--stall-timeout)"), text[-2000:]
+
+
+def test_one_node_stall_is_dumped_and_the_job_goes_on(job_factory) -> None:  # type: ignore[no-untyped-def]
+    job = job_factory("--nproc-per-node", "2", "--stall-timeout", "3")
+    job.wait_for(r"no rank wrote any output for 3 s \(--stall-timeout\); the job goes on; stacks")
+    job.wait_for(r"rank 1 \(.*\): stuck_here hang\.py:\d+")
     assert job.process.poll() is None
 
 

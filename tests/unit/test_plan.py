@@ -230,10 +230,11 @@ def test_several_nodes_are_started_by_hpctorch_unless_torchs_agent_is_needed() -
     assert "watchdog" in nodes[0].reasons["starter"]
     restarted = plan(0, command=python, max_restarts=1)
     assert (restarted.starter, restarted.watch_port) == ("torch", 0) and "--max-restarts 1" in restarted.reasons["starter"]
-    # --stall-timeout: the watchdog's helper watches the output on several nodes; one node has no helper.
+    # --stall-timeout: hpctorch's own starter watches the output (the watchdog's helper on several
+    # nodes, guard.stallalone on one): torch's agent is not needed for it.
     assert plan(0, command=python, torch_agent_for=("--stall-timeout",)).starter == "hpctorch"
     one = make_plan(local(), Options(nproc_per_node=2, command=python, torch_agent_for=("--stall-timeout",)), facts())
-    assert one.starter == "torch" and "--stall-timeout" in one.reasons["starter"]
+    assert one.mode == "per-node" and one.starter == "hpctorch"
     # The agreement runs inside Python workers: another command keeps torch's agent.
     other = plan(0, command=("./train.sh",))
     assert other.starter == "torch" and "not Python" in other.reasons["starter"]

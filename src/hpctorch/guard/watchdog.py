@@ -24,7 +24,8 @@ then prints the survivors' stacks every node took at teardown (``stacks.job``).
 
 With ``--stall-timeout`` every node also adds one to ``out/<node>`` in a poll where its
 workers' output grew, and reads the counter ``stacks/want`` (one request); node 0 reads every
-``out`` in one ``multi_get``. When none moved for the timeout, node 0 asks for a dump (adds
+``out`` in one ``multi_get``. Once any moved (a rank wrote something: the start before has
+timeouts of its own), when none moved for the timeout, node 0 asks for a dump (adds
 one to ``stacks/want``: each node answers once, then again only after output resumed and
 stalled again) or, with ``--stall-action kill``, sets ``abort``. That runs in a thread of its
 own: sizing the logs (on a stalled shared file system) or taking stacks never delays a beat.
@@ -120,7 +121,8 @@ class JobWatchdog:
         self._outs = [f"{self.prefix}out/{n}" for n in range(plan.nnodes)] if plan.is_master else []
         self.stragglers = stragglers
         self._straggle = threading.Thread(target=self._straggle_loop, name="hpctorch-stragglers", daemon=True)
-        self._output = -1
+        self._output = 0
+        """Bytes of this node's output last counted: ``out/<node>`` moves once they grow past it."""
         self._wanted = 0
         self.spares = spares
 
@@ -377,6 +379,8 @@ class Judge:
         if self.stall is None or not self.all_started:
             return None
         counts = store.multi_get(outs)
+        if all(count == b"0" for count in counts):
+            return None  # no rank wrote anything yet: the start (imports, rendezvous) has timeouts of its own
         if self.output is None or counts != self.output[0]:
             self.output, self.dumped = (counts, now), False
             return None

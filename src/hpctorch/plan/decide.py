@@ -227,8 +227,9 @@ def _starter(options: Options, nnodes: int) -> tuple[str, str]:
     """Per node: torch's elastic agent, unless nothing needs it. It imports torch (about a
     second) before it starts any worker; without restarts the workers rendezvous through rank 0's
     store (torch's env://) and hpctorch checks the nodes' agreement in the workers (``nodewatch``)."""
-    # --stall-timeout on several nodes: hpctorch's watchdog helper watches the output (nodewatch).
-    needs = [flag for flag in options.torch_agent_for if not (flag == "--stall-timeout" and nnodes > 1)]
+    # --stall-timeout asks for a per-node agent, not torch's: hpctorch's own watches the output
+    # (several nodes: the watchdog's helper, nodewatch; one node: guard.stallalone).
+    needs = [flag for flag in options.torch_agent_for if flag != "--stall-timeout"]
     if nnodes > 1 and not is_python(options.command):
         needs.append(f"{nnodes} nodes and a command that is not Python (hpctorch checks the nodes agree inside Python workers)")
     if options.max_restarts:
@@ -355,7 +356,7 @@ def _relaunch_per_node_because(allocation: Allocation, options: Options, nproc: 
     if options.max_restarts:
         return f"--max-restarts {options.max_restarts} restarts the workers from torch's agent"
     if options.torch_agent_for or options.agent:
-        return f"{', '.join(options.torch_agent_for) or 'torchrun agent options'} need(s) torch's agent"
+        return f"{', '.join(options.torch_agent_for) or 'torchrun agent options'} need(s) a per-node agent"
     if options.gpus_per_proc not in (None, 1):
         return f"--gpus-per-proc {options.gpus_per_proc}"
     return None

@@ -183,6 +183,7 @@ def run_per_node(
     from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError
 
     from ..guard import agreement
+    from ..guard.stallalone import AloneStall
     from ..guard.watchdog import JobWatchdog, StallWatch, logged_bytes
     from ..stacks.job import NodeStacks, install_teardown_capture
 
@@ -218,9 +219,12 @@ def run_per_node(
 
     straggle = for_node(plan, straggle_dir, os.environ) if seat is None or not seat.spare else None  # node 0 reads the seated nodes'
     watchdog = JobWatchdog(plan, connect_timeout_s=plan.rdzv_timeout, on_abort=stop_workers, startup_s=time.time() - started,
-                           stacks=stacks, stall=watch, stragglers=straggle if plan.nnodes > 1 else None,
+                           stacks=stacks, stall=watch if plan.nnodes > 1 else None, stragglers=straggle if plan.nnodes > 1 else None,
                            spares=seat.spares if seat is not None else 0)
     alone = Alone(straggle).start() if straggle is not None and plan.nnodes == 1 else None
+    # One node: no store shared with other nodes to judge a stall through (its port may be torch's
+    # to choose): watched here.
+    stalled = AloneStall(watch, stacks, on_kill=stop_workers).start() if watch is not None and plan.nnodes == 1 else None
     install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=restarting if plan.max_restarts else lambda: None,
                              failed=seat.failed if seat is not None else None)
     if seat is not None:
@@ -241,9 +245,10 @@ def run_per_node(
         watchdog.report_failure(failure.line)
         requeue_if_preempted(plan, preempted, requeue)
     except SignalException as exc:
-        if watchdog.reason:
+        reason = watchdog.reason or (stalled.poll() if stalled is not None else None)
+        if reason:
             watchdog.close()
-            failure = WorkersFailed(f"stopped: {watchdog.reason}", exit_code=1)
+            failure = WorkersFailed(f"stopped: {reason}", exit_code=1)
         else:
             # The agent already stopped its workers; say so once and keep 128+signal.
             watchdog.report_failure(f"node {plan.node_rank} was stopped by {exc.sigval.name}")
@@ -278,6 +283,8 @@ def run_per_node(
     finally:
         if alone is not None:
             watchdog.final.update(alone.stop())  # type: ignore[arg-type]
+        if stalled is not None:
+            stalled.stop()
         if straggle_dir:
             shutil.rmtree(straggle_dir, ignore_errors=True)
     if plan.is_master and failure is not None and stacks.teardown is not None and not quiet:

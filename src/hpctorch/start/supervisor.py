@@ -178,7 +178,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
              local_ranks: set[int] | None = None, quiet: bool = False, summary_json: str | None = None, requeue: bool = False,
              stall: tuple[float, str] | None = None) -> None:
     """Start this node's workers, wait for them; raises WorkersFailed naming the first failure.
-    ``stall`` (``--stall-timeout``, several nodes only) is watched by the watchdog's helper."""
+    ``stall`` (``--stall-timeout``) is watched by the watchdog's helper across nodes, here on one."""
     started = process_start()
     os.environ.update(plan.common_env)
     stacks_env(os.environ)  # type: ignore[arg-type]
@@ -197,7 +197,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     output = _Output(root, line_prefix(plan) if prefix else "", shown)
     has_lists = any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS"))
     workers: list[subprocess.Popen] = []
-    helper = None
+    helper = stalled = None
     received: list[int] = []
     preempted: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in STOP_SIGNALS}
@@ -227,7 +227,8 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
             helper = Helper(root, files[0], time.time() - started, stall)  # type: ignore[index]
         else:
             alone = _watch_alone(plan, straggle_dir)
-        failure, final = _wait(plan, workers, _exit_times(workers), received, root, helper, files[2] if files else "")
+            stalled = _watch_stall_alone(plan, root, stall)
+        failure, final = _wait(plan, workers, _exit_times(workers), received, root, helper, files[2] if files else "", stalled)
         if alone is not None:
             final = {**final, **alone.stop()}
     except (OSError, HpctorchError) as exc:
@@ -248,6 +249,8 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
             shutil.rmtree(files[0], ignore_errors=True)
         if alone is not None:
             alone.stop()  # a second time after the wait: at once
+        if stalled is not None:
+            stalled.stop()
         if straggle_dir:
             shutil.rmtree(straggle_dir, ignore_errors=True)
     output.drain()
@@ -299,17 +302,30 @@ def _watch_alone(plan: Plan, directory: str | None):  # type: ignore[no-untyped-
     return Alone(watch).start() if watch is not None else None
 
 
+def _watch_stall_alone(plan: Plan, root: str, stall: tuple[float, str] | None):  # type: ignore[no-untyped-def]
+    """A one-node job's ``--stall-timeout`` (several nodes: the watchdog's helper watches it)."""
+    if stall is None:
+        return None
+    from ..guard.stallalone import AloneStall
+    from ..guard.watchdog import StallWatch, logged_bytes
+    from ..stacks.job import NodeStacks
+
+    stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
+    return AloneStall(StallWatch(stall[0], stall[1] == "kill", lambda: logged_bytes(root)), stacks).start()
+
+
 def _wait(plan: Plan, workers: Sequence[subprocess.Popen], exits: Sequence[_ExitClock], received: list[int], root: str,  # type: ignore[no-untyped-def]
-          helper, result: str) -> tuple[WorkersFailed | None, dict]:
-    """Until all exit 0, or the first failure, signal or (several nodes) abort from another node:
-    then the survivors' stacks, and stop them. Returns the failure and node 0's view of every node."""
+          helper, result: str, stalled=None) -> tuple[WorkersFailed | None, dict]:
+    """Until all exit 0, or the first failure, signal, (several nodes) abort from another node or
+    (one node, ``stalled``) a stall to stop for: then the survivors' stacks, and stop them.
+    Returns the failure and node 0's view of every node."""
     while True:
         codes = [w.poll() for w in workers]
         dead = [i for i, code in enumerate(codes) if code not in (None, 0)]
         for i in dead:
             exits[i].join(1.0)  # its time is noted a moment after its exit code is seen
         failed = min(dead, key=lambda i: exits[i].exited) if dead else None
-        aborted = helper.poll() if helper is not None else None
+        aborted = (helper or stalled).poll() if (helper or stalled) is not None else None
         if received or failed is not None or aborted:
             break
         if all(code == 0 for code in codes):
