@@ -1,10 +1,13 @@
 """--stage-env on 3 real Slurm nodes, 2 ranks each (named to run after the straggler watch's module: right
-after this one, whose gigabytes of copies then leave the disk, that module's throttled-node test failed 2 of 3 times): node 0 packs this test run's own environment
-(the venv and its base interpreter), the pack flows down a chain (fan-out 1: node1 -> node2 ->
-node3, so node2 forwards), every rank imports torch from its own node's copy, and node3's whole
+after this one, whose gigabytes of copies then leave the disk, that module's throttled-node test failed 2 of 3 times).
+The first test stages this test run's own environment (the venv and its base interpreter, 1.5 GB):
+node 0 packs it, the pack flows down a chain (fan-out 1: node1 -> node2 -> node3, so node2
+forwards), every rank imports torch and the stdlib from its own node's copy, and node3's whole
 process tree, counted with strace, makes at most 2% of the file-system calls on the environment's
-paths that it makes without staging (4 ranks per node there). A second job on the same nodes reuses every copy; a node
-without room stops the job before any worker starts, or runs from the shared path with =try."""
+paths that it makes without staging (4 ranks per node there). The others stage a small venv built
+for the test (tests/smallenv.py: what they prove does not need gigabytes): a second job on the same
+nodes reuses every copy; a node without room stops the job before any worker starts, or runs from
+the shared path with =try; per task, each node's first rank stages."""
 
 from __future__ import annotations
 
@@ -19,24 +22,33 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import unprefixed
+from .. import smallenv
+from ..conftest import require, unprefixed
 from .conftest import ONE_THREAD, PYTHON
 from .harness import Cluster
 
 pytestmark = pytest.mark.cluster
 
 WHERE = textwrap.dedent("""
-    import os, sys, torch, torch.distributed as dist
+    import os, sys, json, torch, torch.distributed as dist
     dist.init_process_group("gloo")
     total = torch.ones(1)
     dist.all_reduce(total)
-    print(f"where host={os.uname().nodename} rank={dist.get_rank()} sum={total.item():.0f} prefix={sys.prefix} torch={torch.__file__}",
-          flush=True)
+    print(f"where host={os.uname().nodename} rank={dist.get_rank()} sum={total.item():.0f} prefix={sys.prefix} torch={torch.__file__} "
+          f"base={sys.base_prefix} json={json.__file__}", flush=True)
     dist.destroy_process_group()
     os._exit(0)
 """)
 ROOTS = tuple(sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}))
 """The environment the test run itself runs in: what every node imports from, without staging."""
+
+
+@pytest.fixture(scope="module")
+def small_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small environment's interpreter: the tests after the first stage it."""
+    why = smallenv.missing()
+    require(why is None, f"the staging tests' small environment needs {why}")
+    return smallenv.make(tmp_path_factory.mktemp("smallenv") / "env")
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +63,10 @@ def stage_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     os.sync()
 
 
-def job(cluster: Cluster, job_dir: Path, *flags: str, trace: bool = False, env: str = "", per_node: int = 2) -> tuple[str, str]:
+def job(cluster: Cluster, job_dir: Path, *flags: str, trace: bool = False, env: str = "", per_node: int = 2,
+        python: str | Path = PYTHON) -> tuple[str, str]:
     (job_dir / "where.py").write_text(WHERE)
-    run = f"{PYTHON} -m hpctorch run {' '.join(flags)} --nproc-per-node {per_node} {job_dir / 'where.py'}"
+    run = f"{python} -m hpctorch run {' '.join(flags)} --nproc-per-node {per_node} {job_dir / 'where.py'}"
     # node3 (the chain's end) runs under strace when asked: its whole process tree, file calls only.
     step = (f"srun sh -c 'if [ \"$SLURM_NODEID\" = 2 ]; then exec strace -f -qq --seccomp-bpf -e trace=%file -o {job_dir / 'trace'} {run}; "
             f"else exec {run}; fi'") if trace else f"srun {run}"
@@ -75,6 +88,15 @@ def copies(stage_root: Path, host: str) -> Path:
     return stage_root / f"hpctorch-stage-{os.getuid()}" / host / "copies"
 
 
+def copy_of(stage_root: Path, host: str, python: Path) -> Path | None:
+    """The mark of ``host``'s copy of the environment of ``python``, if it has one."""
+    env_root = str(python.parent.parent)
+    for mark in copies(stage_root, host).glob("*/staged.json"):
+        if env_root in json.loads(mark.read_text())["roots"]:
+            return mark
+    return None
+
+
 def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spared(cluster: Cluster, tmp_path: Path, stage_root: Path) -> None:
     plain_dir, staged_dir = tmp_path / "plain", tmp_path / "staged"
     for folder in (plain_dir, staged_dir):
@@ -90,8 +112,8 @@ def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spare
     seen = ranks(output)
     assert sorted(int(r["rank"]) for r in seen) == list(range(12)) and {r["sum"] for r in seen} == {"12"}, output[-3000:]
     for r in seen:
-        assert r["torch"].startswith(str(copies(stage_root, r["host"])) + "/"), r
-        assert r["prefix"].startswith(str(copies(stage_root, r["host"])) + "/"), r
+        for field in ("torch", "prefix", "base", "json"):  # the venv's and its base's (the stdlib) alike
+            assert r[field].startswith(str(copies(stage_root, r["host"])) + "/"), (field, r)
     assert "hpctorch: the workers run from a copy of" in output
     # Node 0 alone packed; the others received (node3 from node2, fan-out 1).
     assert list((stage_root / f"hpctorch-stage-{os.getuid()}" / "node1" / "packs").glob("*.tar"))
@@ -103,15 +125,16 @@ def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spare
     assert with_staging <= 0.02 * without, (with_staging, without)
 
 
-def test_a_second_job_on_the_same_nodes_reuses_every_copy(cluster: Cluster, job_dir: Path, stage_root: Path) -> None:
-    if not all(list(copies(stage_root, host).glob("*/staged.json")) for host in ("node1", "node2", "node3")):
-        state, output = job(cluster, job_dir, "--stage-env", "--stage-dir", str(stage_root))  # run alone: the first job
-        assert state == "COMPLETED", output[-3000:]
-    marks = {host: json.loads(next(copies(stage_root, host).glob("*/staged.json")).read_text())["made"] for host in ("node1", "node2", "node3")}
-    state, output = job(cluster, job_dir, "--stage-env", "--stage-dir", str(stage_root))
+def test_a_second_job_on_the_same_nodes_reuses_every_copy(cluster: Cluster, job_dir: Path, stage_root: Path, small_python: Path) -> None:
+    hosts = ("node1", "node2", "node3")
+    state, output = job(cluster, job_dir, "--stage-env", "--stage-dir", str(stage_root), python=small_python)
     assert state == "COMPLETED", output[-3000:]
-    assert {host: json.loads(next(copies(stage_root, host).glob("*/staged.json")).read_text())["made"] for host in marks} == marks
-    assert all(r["torch"].startswith(str(copies(stage_root, r["host"]))) for r in ranks(output))
+    marks = {host: json.loads(copy_of(stage_root, host, small_python).read_text())["made"] for host in hosts}  # type: ignore[union-attr]
+    state, output = job(cluster, job_dir, "--stage-env", "--stage-dir", str(stage_root), python=small_python)
+    assert state == "COMPLETED", output[-3000:]
+    assert {host: json.loads(copy_of(stage_root, host, small_python).read_text())["made"] for host in hosts} == marks  # type: ignore[union-attr]
+    seen = ranks(output)
+    assert len(seen) == 6 and all(r["prefix"].startswith(str(copies(stage_root, r["host"]))) for r in seen), output[-3000:]
 
 
 @pytest.fixture
@@ -134,32 +157,33 @@ def full_node3(stage_root: Path) -> Iterator[None]:
 
 
 def test_a_node_without_room_stops_the_job_before_its_workers_or_runs_from_the_shared_path(
-        cluster: Cluster, job_dir: Path, stage_root: Path, full_node3: None) -> None:
-    state, output = job(cluster, job_dir, "--stage-env", "--stage-dir", str(stage_root))
+        cluster: Cluster, job_dir: Path, stage_root: Path, small_python: Path, full_node3: None) -> None:
+    state, output = job(cluster, job_dir, "--stage-env", "--stage-dir", str(stage_root), python=small_python)
     assert state == "FAILED", output[-3000:]
     assert ranks(output) == [], output[-3000:]  # no worker started
-    assert re.search(r"node3 could not stage the environment: no space for the environment in \S+: it needs [\d.]+ GiB", output), output[-3000:]
+    assert re.search(r"node3 could not stage the environment: no space for the environment in \S+: it needs [\d.]+ MiB", output), output[-3000:]
     assert "1 of 3 nodes could not stage the environment (first: node3: no space" in output, output[-3000:]
     assert "Traceback" not in output
-    state, output = job(cluster, job_dir, "--stage-env=try", "--stage-dir", str(stage_root))
+    state, output = job(cluster, job_dir, "--stage-env=try", "--stage-dir", str(stage_root), python=small_python)
     assert state == "COMPLETED", output[-3000:]
     assert "node3 could not stage the environment (no space" in output and "it runs from the shared path" in output, output[-3000:]
     seen = ranks(output)
     assert len(seen) == 6
     for r in seen:
-        assert r["torch"].startswith(ROOTS if r["host"] == "node3" else str(copies(stage_root, r["host"]))), r
+        assert r["prefix"].startswith(str(small_python.parent.parent) if r["host"] == "node3" else str(copies(stage_root, r["host"]))), r
 
 
-def test_per_task_each_nodes_first_rank_stages_and_its_other_ranks_use_the_copy(cluster: Cluster, job_dir: Path, stage_root: Path) -> None:
+def test_per_task_each_nodes_first_rank_stages_and_its_other_ranks_use_the_copy(cluster: Cluster, job_dir: Path, stage_root: Path,
+                                                                                small_python: Path) -> None:
     """srun starts every rank (no hpctorch process beside them): node 0's first rank serves the
     staging store with torch's TCPStore, every other rank reaches it with hpctorch's own client."""
     (job_dir / "where.py").write_text(WHERE)
     script = job_dir / "job.sh"
-    script.write_text(f"#!/bin/sh\n{ONE_THREAD}srun {PYTHON} -m hpctorch run --stage-env --stage-dir {stage_root} {job_dir / 'where.py'}\n")
+    script.write_text(f"#!/bin/sh\n{ONE_THREAD}srun {small_python} -m hpctorch run --stage-env --stage-dir {stage_root} {job_dir / 'where.py'}\n")
     state, output = cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=2", timeout=600)
     assert state == "COMPLETED", output[-3000:]
     seen = ranks(output)
     assert sorted(int(r["rank"]) for r in seen) == list(range(6)) and {r["sum"] for r in seen} == {"6"}, output[-3000:]
     for r in seen:
-        assert r["torch"].startswith(str(copies(stage_root, r["host"])) + "/"), r
+        assert r["prefix"].startswith(str(copies(stage_root, r["host"])) + "/"), r
     assert output.count("hpctorch: the workers run from a copy of") == 1, output[-3000:]

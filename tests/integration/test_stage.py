@@ -1,59 +1,78 @@
-"""--stage-env on one machine: simulated nodes run their workers from the copy (the test run's own
-venv and base interpreter, packed and unpacked for real), a second run reuses it, and the copy's
-interpreter is the whole worker's: sys.prefix, torch and the stdlib all come from it, under hpctorch's
-starter and torch's agent alike."""
+"""--stage-env on one machine: simulated nodes run their workers from the copy (a small venv built
+for the test, packed and unpacked for real: tests/smallenv.py), a second run reuses it, and the
+copy's interpreter is the whole worker's (sys.prefix, sys.executable, the environment's own
+packages), under hpctorch's starter and torch's agent alike. The test run's own 1.5 GB environment
+is staged on the cluster (tests/cluster/test_venv_staging_cluster.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import sys
+import subprocess
 from pathlib import Path
 
-from ..conftest import clean_env, hpctorch, unprefixed
+import pytest
+
+from .. import smallenv
+from ..conftest import ROOT, clean_env, require, unprefixed
 
 WHERE = """
-import os, sys, json, torch, torch.distributed as dist
+import os, sys, json, torch, torch.distributed as dist, stagedmark
 dist.init_process_group("gloo")
 total = torch.ones(1)
 dist.all_reduce(total)
 print("where " + json.dumps({"rank": dist.get_rank(), "sum": total.item(), "prefix": sys.prefix, "base": sys.base_prefix,
-                             "torch": torch.__file__, "json": json.__file__, "executable": sys.executable}), flush=True)
+                             "mark": stagedmark.__file__, "torch": torch.__file__, "executable": sys.executable}), flush=True)
 dist.destroy_process_group()
 os._exit(0)
 """
+
+
+@pytest.fixture(scope="module")
+def small_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    why = smallenv.missing()
+    require(why is None, f"the staging tests' small environment needs {why}")
+    return smallenv.make(tmp_path_factory.mktemp("smallenv") / "env")
+
+
+def hpctorch_in(python: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``hpctorch`` run by ``python`` (the small environment's), as a user of that environment would."""
+    return subprocess.run([str(python), "-m", "hpctorch", *args], capture_output=True, text=True, env=clean_env(), timeout=timeout, cwd=ROOT)
 
 
 def where(output: str) -> list[dict]:
     return [json.loads(line[len("where "):]) for line in unprefixed(output).splitlines() if line.startswith("where ")]
 
 
-def test_simulated_nodes_run_from_the_copy_and_later_runs_reuse_it(tmp_path: Path) -> None:
+def test_simulated_nodes_run_from_the_copy_and_later_runs_reuse_it(tmp_path: Path, small_python: Path) -> None:
     script = tmp_path / "where.py"
     script.write_text(WHERE)
     stage = tmp_path / "stage"
     stage.mkdir()
+    env_root = small_python.parent.parent
     args = ("run", "--simulate-nodes", "2", "--nproc-per-node", "1", "--stage-env", "--stage-dir", str(stage), str(script))
-    done = hpctorch(*args, env=clean_env(), timeout=900)
+    done = hpctorch_in(small_python, *args, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     copies = next((stage / f"hpctorch-stage-{os.getuid()}").glob("*/copies"))
     (copy,) = list(copies.iterdir())
     ranks = where(done.stdout + done.stderr)
     assert sorted(r["rank"] for r in ranks) == [0, 1] and {r["sum"] for r in ranks} == {2.0}
     for r in ranks:
-        for field in ("prefix", "base", "torch", "json", "executable"):
+        for field in ("prefix", "mark", "executable"):
             assert r[field].startswith(str(copy) + "/"), (field, r)
-    assert {r["prefix"] for r in ranks} != {os.path.realpath(sys.prefix)}
+        assert r["base"] == "/usr" and not r["torch"].startswith(str(copy))  # the system's, and a path the .pth names: not copied
+    assert {r["prefix"] for r in ranks} != {str(env_root)}
     assert re.search(r"hpctorch: the workers run from a copy of .* on each node's own disk", done.stderr)
+    assert re.search(r"hpctorch: packing the environment \(\d+ files, \d+\.\d MiB\)", done.stderr), done.stderr[-3000:]
     made = json.loads((copy / "staged.json").read_text())["made"]
-    again = hpctorch(*args, env=clean_env(), timeout=300)
+    again = hpctorch_in(small_python, *args, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [p.name for p in copies.iterdir()] == [copy.name]
     assert json.loads((copy / "staged.json").read_text())["made"] == made  # reused, not made again
-    assert {r["torch"] for r in where(again.stdout + again.stderr)} == {r["torch"] for r in ranks}
+    assert {r["mark"] for r in where(again.stdout + again.stderr)} == {r["mark"] for r in ranks}
     # torch's elastic agent (--max-restarts) starts the workers from the same copy.
-    agent = hpctorch("run", "--nproc-per-node", "2", "--max-restarts", "1", "--stage-env", "--stage-dir", str(stage), str(script),
-                     env=clean_env(), timeout=300)
+    agent = hpctorch_in(small_python, "run", "--nproc-per-node", "2", "--max-restarts", "1", "--stage-env", "--stage-dir", str(stage),
+                        str(script), timeout=300)
     assert agent.returncode == 0, agent.stderr[-3000:]
-    assert {r["torch"] for r in where(agent.stdout + agent.stderr)} == {r["torch"] for r in ranks}
+    assert {r["mark"] for r in where(agent.stdout + agent.stderr)} == {r["mark"] for r in ranks}

@@ -225,7 +225,7 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
 def _say_packing(key: str, base: str, files: int, size: int, lacking: int) -> None:
     """Node 0 says why this start takes longer, once per environment (the pack is kept)."""
     if progress.enabled and not pack.is_kept(key, base):
-        print(f"hpctorch: packing the environment ({files:,} files, {size / 2**30:.1f} GiB) for the {lacking} node(s) without a copy; "
+        print(f"hpctorch: packing the environment ({files:,} files, {pack.amount(size)}) for the {lacking} node(s) without a copy; "
               "kept for later jobs", file=sys.stderr, flush=True)
 
 

@@ -19,6 +19,11 @@ KEEP_S = 7 * 86400.0
 """Packs and copies unused for this long are removed by the next job on that node."""
 
 
+def amount(size: int) -> str:
+    """``size`` bytes for a person: GiB for an environment, MiB for a small one."""
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+
+
 @dataclass(frozen=True)
 class Pack:
     path: str

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from ..host.folders import private_dir, replace_file, sweep, why_unsafe
-from .pack import CHUNK, KEEP_S
+from .pack import CHUNK, KEEP_S, amount
 from .relocate import relocate
 
 MARK = "staged.json"
@@ -87,7 +87,7 @@ def receive(chunks: Iterable[bytes], base: str, key: str, roots: Iterable[str], 
         return
     free = shutil.disk_usage(base).free
     if free < size + SPARE_BYTES:
-        raise UnpackError(f"no space for the environment in {base}: it needs {size / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+        raise UnpackError(f"no space for the environment in {base}: it needs {amount(size)}, {amount(free)} free")
     sweep(base, ("",), KEEP_S)  # copies no job used for a week
     temporary = os.path.join(base, f".{key}.{os.getpid()}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
