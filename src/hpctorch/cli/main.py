@@ -379,10 +379,23 @@ def _whole_lines(stream) -> None:  # type: ignore[no-untyped-def]
             pass
 
 
+def version_line() -> str:
+    """hpctorch's version, the torch it would run (read without importing it) and the Python."""
+    from .. import __file__ as package, __version__
+    from ..stage.storeclient import installed_torch
+
+    torch = installed_torch()
+    return (f"hpctorch {__version__} ({os.path.dirname(package)}), torch {torch or 'not installed'}, "
+            f"Python {sys.version.split()[0]} ({sys.executable})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _whole_lines(sys.stderr)
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
+        if argv[:1] in (["--version"], ["-V"]):
+            print(version_line())
+            return 0
         command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "stacks", "hostlist", "badnodes") else None
         top = parser(command)
         args = top.parse_args(stage_paths(top, argv))

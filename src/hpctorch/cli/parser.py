@@ -127,6 +127,7 @@ def parser(only: str | None = None) -> _Parser:
     """The command line; with ``only``, just that subcommand gets its options (argparse
     spends milliseconds per option, and ``hpctorch plan`` must answer fast)."""
     parser = _Parser(prog="hpctorch", description="Run PyTorch distributed scripts under any launcher.", allow_abbrev=False)
+    parser.add_argument("--version", "-V", action="store_true", help="print hpctorch's version, torch's and Python's, and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="start a training script", allow_abbrev=False)
     if only in (None, "run"):
