@@ -3,6 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+JUNIT_DIR ?=
 
 .PHONY: demo test bench setup system-deps clean golden
 
@@ -32,8 +33,9 @@ $(VENV)/.installed-frameworks: $(VENV)/.installed
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
 	touch $@
 
+# The unit and integration tests on every core, then the cluster tests (scripts/run-tests).
 test: system-deps setup $(VENV)/.installed-mpi $(VENV)/.installed-frameworks
-	$(PY) -m pytest $(PYTEST_ARGS)
+	PY=$(PY) JUNIT_DIR=$(JUNIT_DIR) scripts/run-tests $(PYTEST_ARGS)
 
 # Rewrite the job-script golden files from the templates (then read the diff); tests never write them.
 golden: setup

@@ -6,7 +6,11 @@ import json
 import socket
 from pathlib import Path
 
+import pytest
+
 from ..conftest import clean_env, hpctorch
+
+pytestmark = pytest.mark.serial  # the doctor's budgets are seconds: never beside another test (scripts/run-tests)
 
 
 def test_simulated_nodes_pass_with_a_gloo_all_reduce(tmp_path: Path) -> None:

@@ -147,6 +147,7 @@ def test_a_busy_watchdog_port_is_one_line_and_exit_2() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.serial  # its helpers' store must answer within a minute: never beside another test (scripts/run-tests)
 def test_the_watchdog_helper_outlives_the_signals_a_launcher_sends_the_step() -> None:
     # slurmstepd signals every process of a step (scancel --signal=USR1, Slurm's --signal, SIGTERM
     # on cancel): the helper must survive them, or a later failure would go unreported.

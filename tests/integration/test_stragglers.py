@@ -14,6 +14,8 @@ import pytest
 
 from ..conftest import clean_env, hpctorch, unprefixed
 
+pytestmark = pytest.mark.serial  # judges CPU shares: never beside another test (scripts/run-tests)
+
 pytest.importorskip("torch")
 
 TRAIN = textwrap.dedent("""
