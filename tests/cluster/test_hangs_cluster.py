@@ -47,9 +47,12 @@ def test_stacks_on_every_node_names_both_places(cluster: Cluster, job_dir: Path,
     job_id, out = _submit(cluster, job_dir, f"srun {' '.join(HPCTORCH)} run {nproc} {HANG}", "-N2", f"--ntasks-per-node={per_node}")
     try:
         _wait_for(out, r"rank \d of 4 ready", 4)
-        time.sleep(1)  # into all_reduce and stuck_here
-        stacks = cluster.run("node1", ["srun", "--jobid", job_id, "--overlap", "-N2", "--ntasks-per-node=1", *HPCTORCH, "stacks"],
-                             timeout=GUARD_S)
+        deadline = time.monotonic() + GUARD_S
+        while True:  # until every rank is in its hang (a moment after "ready"): asked again, not waited for
+            stacks = cluster.run("node1", ["srun", "--jobid", job_id, "--overlap", "-N2", "--ntasks-per-node=1", *HPCTORCH, "stacks"],
+                                 timeout=GUARD_S)
+            if stacks.returncode != 0 or "2 different" in stacks.stdout.split("\n")[0] or time.monotonic() > deadline:
+                break
     finally:
         subprocess.run(["scancel", job_id], env=cluster.env(), timeout=30, check=False)
         cluster.wait_job(job_id, timeout=120)

@@ -79,11 +79,13 @@ def job_factory():  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("method", ["py-spy", "faulthandler"])
 def test_stacks_names_the_stuck_rank_and_the_waiting_ones(job_factory, method: str) -> None:  # type: ignore[no-untyped-def]
-    job = job_factory("--nproc-per-node", "3")
+    # Its own run id: other tests' jobs may run on this machine at the same time (pytest-xdist).
+    run_id = f"stacks-{method}-{os.getpid()}"
+    job = job_factory("--nproc-per-node", "3", "--run-id", run_id)
     job.wait_for(r"rank \d of 3 ready", 3)
     deadline = time.monotonic() + HANG_GUARD_S
     while True:  # until the ranks are in their hang (a moment after "ready"): asked again, not waited for
-        done = hpctorch("stacks", "--method", method, env=clean_env(), timeout=HANG_GUARD_S)
+        done = hpctorch("stacks", "--method", method, "--run-id", run_id, env=clean_env(), timeout=HANG_GUARD_S)
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
         if "2 different" in lines[0] or time.monotonic() > deadline:
