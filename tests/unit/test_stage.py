@@ -68,6 +68,26 @@ def test_the_key_changes_with_any_file_and_only_then(tmp_path: Path) -> None:
     assert environment.key([str(venv)]).digest != second.digest
 
 
+def test_the_key_sees_a_file_replaced_with_the_same_size_and_mtime(tmp_path: Path) -> None:
+    """cp -p, rsync -a or an edit within the same second: same size and mtime, new content."""
+    venv = make_env(tmp_path / "venv", tmp_path / "base")
+    init = venv / "lib" / "python3.11" / "site-packages" / "pkg" / "__init__.py"
+    before = init.stat()
+    first = environment.key([str(venv)])
+    replacement = tmp_path / "replacement.py"
+    replacement.write_text("V" * before.st_size)  # same size, other bytes
+    os.utime(replacement, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(replacement, init)  # what rsync -a does: a new file renamed over the old one
+    after = init.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert environment.key([str(venv)]).digest != first.digest
+    edited = environment.key([str(venv)])
+    with open(init, "r+") as handle:  # in place, the mtime put back: the ctime still moves
+        handle.write("W")
+    os.utime(init, ns=(after.st_atime_ns, after.st_mtime_ns))
+    assert environment.key([str(venv)]).digest != edited.digest
+
+
 def test_a_pack_is_made_once_and_kept(tmp_path: Path) -> None:
     venv = make_env(tmp_path / "venv", tmp_path / "base")
     base = tmp_path / "stage"

@@ -2,8 +2,10 @@
 
 The workers' interpreter runs from its prefix (a venv, a conda env, a uv-managed or pyenv
 Python); a venv's base interpreter comes too unless it is the operating system's (under /usr,
-already on every node's own disk). The key hashes every file's path, size, mtime and mode (and
-each link's target): an unchanged environment keeps its key, so node 0 packs it once and a node
+already on every node's own disk). The key hashes every file's path, size, mtime, ctime, inode
+and mode (and each link's target): a file replaced with the same size and mtime (``cp -p``,
+``rsync -a``, an edit within the same second) has another inode or ctime, so it changes the key;
+an unchanged environment keeps its key, so node 0 packs it once and a node
 reuses a copy an earlier job left.
 """
 
@@ -90,7 +92,8 @@ def key(roots: Sequence[str], skip: Sequence[str] = ()) -> Key:
                 except OSError:
                     continue  # gone while we walked: the copy will not have it either
                 target = os.readlink(path) if stat.S_ISLNK(info.st_mode) else ""
-                digest.update(f"{os.path.relpath(path, root)}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_mode}\0{target}\n"
+                digest.update(f"{os.path.relpath(path, root)}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_ctime_ns}\0{info.st_ino}"
+                              f"\0{info.st_mode}\0{target}\n"
                               .encode(errors="surrogateescape"))
                 files += 1
                 size += info.st_size if stat.S_ISREG(info.st_mode) else 0
