@@ -12,7 +12,7 @@ from ..errors import HpctorchError, os_error_line
 from ..plan.types import Options, Plan
 from ..schedulers import hostlist
 from . import screening, staging, torchrun
-from .parser import EXIT_USAGE, parser, stage_paths
+from .parser import EXIT_USAGE, parser, stage_paths, unrecognized
 
 
 def _worker_command(args: argparse.Namespace) -> tuple[str, ...]:
@@ -398,7 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "stacks", "hostlist", "badnodes") else None
         top = parser(command)
-        args = top.parse_args(stage_paths(top, argv))
+        args, extras = top.parse_known_args(stage_paths(top, argv))
+        if extras:
+            raise unrecognized(top, command, extras)
         args.argv = argv
         if getattr(args, "stage_paths", None) and not args.stage_env:
             args.stage_env = "on"  # --stage-env=DIR alone

@@ -23,6 +23,24 @@ class _Parser(argparse.ArgumentParser):
         raise HpctorchError(f"{where + ': ' if where else ''}{message}", f"see '{self.prog} --help'")
 
 
+def unrecognized(top: argparse.ArgumentParser, command: str | None, extras: list[str]) -> HpctorchError:
+    """Options no parser took: the nearest spelling of each, and the subcommand's own help."""
+    import difflib
+
+    sub = next((a.choices.get(command) for a in top._actions if isinstance(a, argparse._SubParsersAction)), None) if command else None
+    parser = sub or top
+    known = [o for action in parser._actions for o in action.option_strings]
+    hints = []
+    for token in extras:
+        name = token.split("=", 1)[0]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6) if name.startswith("-") else []
+        if close:
+            hints.append(f"did you mean {close[0]}{'=' + token.split('=', 1)[1] if '=' in token else ''} for {token}?")
+    where = parser.prog.removeprefix("hpctorch").strip()
+    return HpctorchError(f"{where + ': ' if where else ''}unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else ""),
+                         f"see '{parser.prog} --help'")
+
+
 def _nproc(value: str) -> int | None:
     # torchrun also accepts these words; "gpu" and "auto" both mean one per GPU.
     if value in ("auto", "gpu"):
