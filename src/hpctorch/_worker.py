@@ -122,7 +122,15 @@ def main() -> None:
         from hpctorch.start.filestore import env_by_file
 
         env_by_file(os.environ["HPCTORCH_FILE_STORE"])
-    _run_python(argv)
+    try:
+        _run_python(argv)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as error:  # noqa: BLE001 - the script's own: shown as python would, recorded for the closing line
+        from hpctorch.start.raised import report
+
+        report(error)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

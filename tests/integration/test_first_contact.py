@@ -35,3 +35,32 @@ def test_a_mistyped_option_gets_the_nearest_spelling_and_the_subcommands_help(ty
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"hpctorch: error: run: unrecognized arguments: {typed}"), line
     assert f"did you mean {meant} for {typed}?" in line and line.endswith("fix: see 'hpctorch run --help'"), line
+
+
+RAISES = """
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    row = {}["missing_column"]
+dist.barrier()
+"""
+
+
+@pytest.mark.parametrize("starter", [(), ("--tee", "3")], ids=["hpctorch-starter", "torch-agent"])
+def test_a_rank_that_raises_shows_the_users_frames_once_and_the_last_line_names_the_exception(tmp_path, starter) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "train.py"
+    script.write_text(RAISES)
+    done = hpctorch("run", "--nproc-per-node", "2", *starter, str(script), env=clean_env(), timeout=180, cwd=tmp_path)
+    assert done.returncode == 1
+    rank1 = [line.split(": ", 1)[1] for line in done.stdout.splitlines() + done.stderr.splitlines() if line.startswith("[rank 1]: ")]
+    traceback_lines = rank1[rank1.index("Traceback (most recent call last):"):]
+    assert traceback_lines[:3] == ["Traceback (most recent call last):", f'  File "{script}", line 6, in <module>',
+                                   '    row = {}["missing_column"]'], rank1
+    assert traceback_lines[-1] == "KeyError: 'missing_column'"
+    text = done.stdout + done.stderr
+    assert text.count("KeyError: 'missing_column'\n") == 1  # once, by the rank
+    for ours in ("_worker.py", "runpy", "straggler_worker.py", "[rank1]:"):
+        assert ours not in text, ours  # hpctorch's frames, runpy's, torch's second prefix
+    last = done.stderr.strip().splitlines()[-1]
+    assert re.match(r"hpctorch: rank 1 \(local rank 1\) raised KeyError: 'missing_column' at train\.py:6; details: \S+error\.json$", last), last

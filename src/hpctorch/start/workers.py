@@ -205,7 +205,10 @@ def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str) 
     """The first failure, as every node prints it: which rank, on which node, how, where to look.
     A rank killed by SIGBUS (an uncorrectable memory error, as the kernel reports one) puts
     its node on the user's bad-node list: the next job asks the scheduler to leave it out."""
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    from .raised import read
+
+    raised = read(where) if code == 1 and where.endswith(".json") else None
+    how = f"was killed by signal {-code}" if code < 0 else (f"raised {raised}" if raised else f"exited with code {code}")
     if code == -getattr(signal, "SIGBUS", 0) and plan.nnodes > 1:
         mark_bad(plan, f"rank {rank} died of SIGBUS (a memory error)")
     host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes and plan.node_rank < len(plan.nodes) else ""

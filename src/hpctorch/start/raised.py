@@ -1,0 +1,94 @@
+"""A worker's uncaught exception, as the user should meet it.
+
+The worker entry (``_worker.py``) runs the script through runpy, inside hpctorch's own wrappers
+(the straggler watch times collectives): a plain traceback would show those frames within the
+user's, and torch's excepthook would prefix every line a second time. Here the traceback is
+printed as ``python train.py`` would print it (hpctorch's and runpy's frames left out, chained
+exceptions kept), and torch's error file (``TORCHELASTIC_ERROR_FILE``, the format of torch's
+``@record``) gets the exception and where in the user's code it was raised, which the closing
+line names: ``rank 1 (local rank 1) raised KeyError: 'missing_column' at train.py:4``.
+Standard library only: imported by every worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import sysconfig
+import time
+import traceback
+
+OWN = os.path.dirname(os.path.abspath(__file__)).rsplit(os.sep, 1)[0] + os.sep
+"""hpctorch's package folder: its frames are not the user's."""
+RECORD = "hpctorch"
+
+
+def _ours(filename: str) -> bool:
+    return filename.startswith(OWN) or filename.startswith("<frozen runpy") or os.path.basename(filename) == "runpy.py"
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths})
+
+
+def _trimmed(error: traceback.TracebackException, seen: set[int] | None = None) -> traceback.TracebackException:
+    """``error`` and its causes without hpctorch's and runpy's frames."""
+    seen = seen if seen is not None else set()
+    if id(error) in seen:
+        return error
+    seen.add(id(error))
+    error.stack = traceback.StackSummary.from_list([frame for frame in error.stack if not _ours(frame.filename)])
+    for linked in (error.__cause__, error.__context__):
+        if linked is not None:
+            _trimmed(linked, seen)
+    return error
+
+
+def where(stack: traceback.StackSummary) -> str | None:
+    """The innermost frame in the user's code (not the standard library, not an installed package)."""
+    libraries = _library_dirs()
+    frames = [f for f in stack if not _ours(f.filename)]
+    mine = [f for f in frames if not os.path.realpath(f.filename).startswith(libraries)] or frames
+    if not mine:
+        return None
+    name = mine[-1].filename
+    shown = os.path.relpath(name) if not os.path.relpath(name).startswith("..") else name
+    return f"{shown}:{mine[-1].lineno}"
+
+
+def report(error: BaseException) -> None:
+    """Print ``error`` as the user's own traceback and record it in torch's error file."""
+    trimmed = _trimmed(traceback.TracebackException.from_exception(error))
+    text = "".join(trimmed.format())
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    message = str(error).strip().splitlines()
+    summary = f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
+    data = {"message": {"message": summary, "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}},
+            RECORD: {"exception": summary, "where": where(trimmed.stack)}}
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+    except OSError:
+        pass  # the closing line then names the exit code only
+
+
+def read(path: str) -> str | None:
+    """What a worker's error file says it raised, and where: ``KeyError: 'x' at train.py:4``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle).get(RECORD) or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    exception = str(record.get("exception") or "")[:300]
+    if not exception:
+        return None
+    from ..terminal import printable
+
+    found = record.get("where")
+    return printable(f"{exception}{f' at {found}' if found else ''}", lines=False)
