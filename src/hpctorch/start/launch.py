@@ -19,6 +19,7 @@ from .workers import (
     STOP_GRACE_S,
     WorkersFailed,
     failure_line,
+    first_failure,
     line_prefix,
     mark_bad,
     node_host,
@@ -239,7 +240,7 @@ def run_per_node(
         command = worker_command(plan.command, any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS")))
         elastic_launch(config, command[0])(*command[1:])
     except ChildFailedError as exc:
-        rank, first = exc.get_first_failure()
+        rank, first = first_failure(exc)
         where = first.error_file if os.path.exists(first.error_file) else (log_dir or "its output above")
         failure = failure_line(plan, rank, first.local_rank, first.exitcode, where)
         watchdog.report_failure(failure.line)

@@ -70,7 +70,7 @@ def report(error: BaseException) -> None:
     message = str(error).strip().splitlines()
     summary = f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
     data = {"message": {"message": summary, "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}},
-            RECORD: {"exception": summary, "where": where(trimmed.stack)}}
+            RECORD: {"exception": summary, "where": where(trimmed.stack), "time": time.time()}}
     try:
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(data, handle)
@@ -78,13 +78,26 @@ def report(error: BaseException) -> None:
         pass  # the closing line then names the exit code only
 
 
-def read(path: str) -> str | None:
-    """What a worker's error file says it raised, and where: ``KeyError: 'x' at train.py:4``."""
+def _record(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as handle:
-            record = json.load(handle).get(RECORD) or {}
+            record = json.load(handle).get(RECORD)
     except (OSError, ValueError, AttributeError):
-        return None
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def raised_at(path: str) -> float | None:
+    """When (wall clock) the worker whose error file this is raised, if it did: the first failure
+    is the first to raise, not the first to exit (a rank's exit after an exception can take longer
+    than its peers' exits from the broken collective it caused)."""
+    at = _record(path).get("time")
+    return float(at) if isinstance(at, (int, float)) else None
+
+
+def read(path: str) -> str | None:
+    """What a worker's error file says it raised, and where: ``KeyError: 'x' at train.py:4``."""
+    record = _record(path)
     exception = str(record.get("exception") or "")[:300]
     if not exception:
         return None

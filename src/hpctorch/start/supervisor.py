@@ -33,6 +33,7 @@ from ..guard.agreement_worker import read as read_agreement
 from ..host.signals import PREEMPT_SIGNALS, STOP_SIGNALS
 from ..plan.types import Plan
 from ..plan.workerenv import torch_contract
+from .raised import raised_at
 from .workers import (
     STOP_GRACE_S,
     WorkersFailed,
@@ -207,7 +208,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         for worker in plan.workers:
             local = worker.local_rank
             command = [part.replace("${local_rank}", str(local)) for part in worker_command(plan.command, has_lists)]
-            error_file = os.path.join(root, str(local), "error.json")
+            error_file = _error_file(root, local)
             os.makedirs(os.path.dirname(error_file), exist_ok=True)
             env = _worker_env(plan, local, port, error_file)
             if files is not None:
@@ -280,11 +281,11 @@ class _ExitClock(threading.Thread):
     def __init__(self, process: subprocess.Popen) -> None:
         super().__init__(daemon=True)
         self.process = process
-        self.exited = float("inf")
+        self.exited = self.exited_wall = float("inf")
 
     def run(self) -> None:
         self.process.wait()
-        self.exited = time.monotonic()
+        self.exited, self.exited_wall = time.monotonic(), time.time()
 
 
 def _exit_times(workers: Sequence[subprocess.Popen]) -> list[_ExitClock]:
@@ -324,7 +325,9 @@ def _wait(plan: Plan, workers: Sequence[subprocess.Popen], exits: Sequence[_Exit
         dead = [i for i, code in enumerate(codes) if code not in (None, 0)]
         for i in dead:
             exits[i].join(1.0)  # its time is noted a moment after its exit code is seen
-        failed = min(dead, key=lambda i: exits[i].exited) if dead else None
+        # A rank that raised may still be on its way out when the peers it broke have exited:
+        # the first to fail is the first to raise, else the first to exit.
+        failed = _first_failure(plan, root, codes, dead, exits) if dead else None
         aborted = (helper or stalled).poll() if (helper or stalled) is not None else None
         if received or failed is not None or aborted:
             break
@@ -359,9 +362,21 @@ def _failure(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int
         return WorkersFailed(f"stopped by {name}", exit_code=128 + received[0])
     assert failed is not None
     worker = plan.workers[failed]
-    error_file = os.path.join(root, str(worker.local_rank), "error.json")
+    error_file = _error_file(root, worker.local_rank)
     where = error_file if os.path.exists(error_file) else "its output above"
     return failure_line(plan, worker.rank, worker.local_rank, workers[failed].returncode, where)
+
+
+def _first_failure(plan: Plan, root: str, codes: Sequence[int | None], dead: list[int], exits: Sequence[_ExitClock]) -> int:
+    """The first to raise (it may still be on its way out), else the first to exit."""
+    raised = {i: raised_at(_error_file(root, plan.workers[i].local_rank)) for i, code in enumerate(codes) if code != 0}
+    candidates = dead + [i for i, at in raised.items() if at is not None and i not in dead]
+    return min(candidates, key=lambda i: raised.get(i) or exits[i].exited_wall)
+
+
+def _error_file(root: str, local_rank: int) -> str:
+    """torch's error file of a worker (TORCHELASTIC_ERROR_FILE): where it records what it raised."""
+    return os.path.join(root, str(local_rank), "error.json")
 
 
 def _stop(workers: Sequence[subprocess.Popen]) -> None:

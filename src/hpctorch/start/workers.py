@@ -201,14 +201,28 @@ def _leave_out(plan: Plan, nodes: Sequence[str]) -> str | None:
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
 
 
+def first_failure(error):  # type: ignore[no-untyped-def]
+    """torch's ChildFailedError's first failure, by when each rank failed: a rank that raised, when
+    its error file says (it may have been stopped on its way out, after the peers its exception
+    broke had exited), any other when torch saw it fail (whole seconds, rounded down: within the
+    same second a death outranks the errors it causes)."""
+    from .raised import raised_at
+
+    when = {rank: raised_at(failure.error_file) or float(failure.timestamp) for rank, failure in error.failures.items()}
+    rank = min(when, key=lambda r: (when[r], r))
+    return rank, error.failures[rank]
+
+
 def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str) -> WorkersFailed:
     """The first failure, as every node prints it: which rank, on which node, how, where to look.
     A rank killed by SIGBUS (an uncorrectable memory error, as the kernel reports one) puts
     its node on the user's bad-node list: the next job asks the scheduler to leave it out."""
     from .raised import read
 
-    raised = read(where) if code == 1 and where.endswith(".json") else None
-    how = f"was killed by signal {-code}" if code < 0 else (f"raised {raised}" if raised else f"exited with code {code}")
+    raised = read(where) if where.endswith(".json") else None
+    if raised:
+        code = 1  # it raised: stopped on its way out (SIGTERM at teardown) is not how it failed
+    how = f"raised {raised}" if raised else (f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
     if code == -getattr(signal, "SIGBUS", 0) and plan.nnodes > 1:
         mark_bad(plan, f"rank {rank} died of SIGBUS (a memory error)")
     host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes and plan.node_rank < len(plan.nodes) else ""

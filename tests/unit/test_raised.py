@@ -1,0 +1,64 @@
+"""A worker's uncaught exception: its record in torch's error file, and which rank failed first."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hpctorch.start import raised
+from hpctorch.start.workers import first_failure
+
+errors = pytest.importorskip("torch.distributed.elastic.multiprocessing.errors")
+
+
+def _raise_in(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    try:
+        {}["missing_column"]
+    except KeyError as error:
+        raised.report(error)
+
+
+def test_the_record_names_the_exception_and_the_users_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "error.json"
+    _raise_in(path, monkeypatch)
+    shown = capsys.readouterr().err
+    assert shown.startswith("Traceback (most recent call last):") and shown.rstrip().endswith("KeyError: 'missing_column'")
+    data = json.loads(path.read_text())
+    assert data["message"]["message"] == "KeyError: 'missing_column'"  # torch's own reader finds it there
+    said = raised.read(str(path))
+    assert said is not None and said.startswith("KeyError: 'missing_column' at ") and "test_raised.py:" in said
+    assert raised.raised_at(str(path)) is not None
+    assert raised.read(str(tmp_path / "none.json")) is None and raised.raised_at(str(tmp_path / "none.json")) is None
+
+
+def test_a_record_read_back_cannot_move_the_cursor(tmp_path: Path) -> None:
+    path = tmp_path / "error.json"
+    path.write_text(json.dumps({raised.RECORD: {"exception": "E: \x1b[2Kx", "where": "a.py:1", "time": 1.0}}))
+    assert raised.read(str(path)) == "E: \\x1b[2Kx at a.py:1"
+
+
+def _failure(tmp_path: Path, rank: int, exitcode: int, timestamp: int, raised_time: float | None = None):  # type: ignore[no-untyped-def]
+    path = tmp_path / f"error-{rank}.json"
+    if raised_time is not None:
+        path.write_text(json.dumps({"message": {"message": "E: x", "extraInfo": {"py_callstack": "", "timestamp": str(timestamp)}},
+                                    raised.RECORD: {"exception": "E: x", "where": None, "time": raised_time}}))
+    failure = errors.ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode, error_file=str(path))
+    failure.timestamp = timestamp
+    return failure
+
+
+def test_the_first_to_raise_is_named_though_it_exited_last(tmp_path: Path) -> None:
+    # Rank 1 raised at 100.2 and was stopped (SIGTERM) on its way out; rank 0's collective broke after.
+    error = errors.ChildFailedError("train", {0: _failure(tmp_path, 0, 1, 101, 100.9), 1: _failure(tmp_path, 1, -15, 102, 100.2)})
+    assert first_failure(error)[0] == 1
+
+
+def test_a_death_outranks_the_errors_it_causes_within_its_second(tmp_path: Path) -> None:
+    # Rank 2 was killed (no record; torch saw it in second 100); rank 0 raised from the broken collective.
+    error = errors.ChildFailedError("train", {0: _failure(tmp_path, 0, 1, 100, 100.4), 2: _failure(tmp_path, 2, -9, 100)})
+    assert first_failure(error)[0] == 2
+    assert os.path.exists(error.failures[0].error_file)
