@@ -36,6 +36,10 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("run", "--nproc-per-node", "0", SCRIPT), ("starts nothing",)),
         # Checked before the plan is printed or anything starts: the only line is the error.
         (("run", "--console-ranks", "zero", SCRIPT), ("--console-ranks 'zero'",)),
+        (("run", "--console-ranks", "5", "--nproc-per-node", "2", SCRIPT), ("--console-ranks 5: no such rank in a world of 2", "0 to 1")),
+        (("run", "--console-ranks", "1", "--quiet-ranks", SCRIPT), ("--quiet-ranks and --console-ranks",)),
+        (("run", "--quiet", "--verbose", SCRIPT), ("--quiet and --verbose",)),
+        (("run", str(ROOT / "src" / "hpctorch")), ("is a folder, not a script", "-m ")),
         (("run", "--rdzv-timeout", "-5", SCRIPT), ("--rdzv-timeout -5",)),
         (("run", "--max-restarts", "-1", SCRIPT), ("--max-restarts -1",)),
         (("run", "--simulate-nodes", "2", "--nnodes", "3", SCRIPT), ("--nnodes", "--simulate-nodes")),

@@ -64,3 +64,14 @@ def test_a_rank_that_raises_shows_the_users_frames_once_and_the_last_line_names_
         assert ours not in text, ours  # hpctorch's frames, runpy's, torch's second prefix
     last = done.stderr.strip().splitlines()[-1]
     assert re.match(r"hpctorch: rank 1 \(local rank 1\) raised KeyError: 'missing_column' at train\.py:6; details: \S+error\.json$", last), last
+
+
+def test_hostlist_compress_reads_names_from_stdin() -> None:
+    import subprocess
+    import sys
+
+    from ..conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "hpctorch", "hostlist", "compress"], input="n1\nn2 n3\nn7\n", capture_output=True,
+                          text=True, env=clean_env(), timeout=60, cwd=ROOT)
+    assert (done.returncode, done.stdout.strip()) == (0, "n[1-3,7]"), done.stderr

@@ -33,6 +33,11 @@ def _check_script(args: argparse.Namespace) -> None:
         return
     if getattr(args, "no_python", False):
         return  # looked up on PATH at exec time
+    if os.path.isdir(args.script):
+        module = args.script.rstrip("/").replace("/", ".")
+        fix = (f"run the package as python -m does: -m {module}" if os.path.isfile(os.path.join(args.script, "__main__.py"))
+               or os.path.isfile(os.path.join(args.script, "__init__.py")) else "give the script's path inside it")
+        raise HpctorchError(f"{args.script!r} is a folder, not a script", fix)
     if not os.path.isfile(args.script):
         raise HpctorchError(f"script {args.script!r} not found", "check the path (relative to the current directory)")
     if kind := torchrun.not_python(args.script):
@@ -108,6 +113,8 @@ def _local_ranks(args: argparse.Namespace) -> set[int] | None:
 
 
 def _console_ranks(args: argparse.Namespace) -> set[int] | None:
+    if args.quiet_ranks and args.console_ranks is not None:
+        raise HpctorchError("--quiet-ranks and --console-ranks both choose the ranks on the terminal", "give one of them")
     if args.quiet_ranks:
         return {0}
     if args.console_ranks is None:
@@ -171,6 +178,8 @@ def _run(args: argparse.Namespace) -> int:
 
     _check_script(args)
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
+    if args.quiet and args.verbose:
+        raise HpctorchError("--quiet and --verbose ask for opposite things", "give one of them")
     local_ranks = _local_ranks(args)
     stall = _stall(args)
     _stragglers(args)
@@ -187,6 +196,9 @@ def _run(args: argparse.Namespace) -> int:
         progress.enabled = False
     plan = build_plan(args)
     timings.mark("plan ready")
+    if console is not None and not console & set(range(plan.world_size)):
+        raise HpctorchError(f"--console-ranks {args.console_ranks}: no such rank in a world of {plan.world_size}",
+                            f"give ranks from 0 to {plan.world_size - 1}")
     if plan.mode == "relaunch":
         # Per task the step starts every rank: each must not start --nproc-per-node more of its own.
         launch.exec_relaunch(plan, _without_nproc(args) if plan.relaunch_per_task else args.argv)
@@ -364,7 +376,10 @@ def _hostlist(args: argparse.Namespace) -> int:
     if args.action == "expand":
         print("\n".join(hostlist.expand(args.expr)))
     else:
-        names = [n for arg in args.names for n in arg.replace(",", " ").split()]
+        if not args.names and sys.stdin.isatty():
+            raise HpctorchError("hostlist compress: no names given", "give the names (hpctorch hostlist compress n1 n2) or pipe them in")
+        given = args.names if args.names and args.names != ["-"] else [sys.stdin.read()]  # none or "-": names on stdin
+        names = [n for arg in given for n in arg.replace(",", " ").split()]
         print(hostlist.compress(names))
     return 0
 

@@ -221,7 +221,7 @@ def parser(only: str | None = None) -> _Parser:
     if only in (None, "hostlist"):
         hosts_sub = hosts.add_subparsers(dest="action", required=True, parser_class=_Parser)
         hosts_sub.add_parser("expand", help="EXPR -> one name per line").add_argument("expr")
-        hosts_sub.add_parser("compress", help="NAMES... -> one hostlist").add_argument("names", nargs="+")
+        hosts_sub.add_parser("compress", help="NAMES... (or stdin) -> one hostlist").add_argument("names", nargs="*")
     bad = sub.add_parser("badnodes", help="the nodes your next jobs ask the scheduler to leave out", allow_abbrev=False)
     if only in (None, "badnodes"):
         bad_sub = bad.add_subparsers(dest="action", parser_class=_Parser)
