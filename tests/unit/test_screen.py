@@ -266,6 +266,28 @@ def test_the_worst_nodes_are_chosen_as_spares_bad_first_then_slowest() -> None:
     assert judge.ranking(records, judge.judge(records, 4), 4)[:2] == [2, 1]
 
 
+def test_a_node_that_sent_nothing_sits_out_before_one_with_findings() -> None:
+    # The issue's case: node 1 slow in two measures, node 2 silent. Before: order [1, 3, 0, 2].
+    records = {n: record(n, compute=100.0 - n) for n in range(4)}
+    records[1] = record(1, compute=10.0, memory=1.0)
+    del records[2]
+    found = judge.judge(records, 4)
+    assert sum(f.node == 1 for f in found) == 2
+    assert judge.ranking(records, found, 4)[:2] == [2, 1]
+
+
+def test_a_refused_probe_is_blamed_on_the_node_whose_both_links_fail() -> None:
+    # node 2 refuses: node 1's probe into it and its own probe to node 3 both fail.
+    records = {n: record(n) for n in range(4)}
+    records[1] = record(1, to_mbs=None)
+    records[2] = record(2, to_mbs=None)
+    found = [f for f in judge.judge(records, 4) if f.measure == "fabric"]
+    assert [(f.node, f.detail) for f in found] == [(2, "from cx1 and to cx3: both links fail (refused)")], found
+    # One probe alone fails: its prober's end (or the link), as before.
+    records[2] = record(2)
+    assert [(f.node, f.detail) for f in judge.judge(records, 4) if f.measure == "fabric"] == [(1, "to cx2: refused")]
+
+
 def test_an_allocation_keeping_some_nodes_renumbers_nodes_and_ranks() -> None:
     from hpctorch.schedulers.allocation import Allocation, Launched, Launcher
 

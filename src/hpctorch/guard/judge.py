@@ -118,9 +118,7 @@ def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: floa
     for node, record in sorted(records.items()):
         host = str(record.get("host", f"node {node}"))
         found += [Finding(node, host, "health", problem, 0.0) for problem in record.get("problems", [])]
-        link = record.get("fabric", {})
-        if "error" in link and link.get("to") in records:  # a missing successor is named already
-            found.append(Finding(node, host, "fabric", f"to {_host(records, link.get('to'))}: {link['error']}", 1.0))
+    found += _refused_links(records)
     if len({r.get("host") for r in records.values()}) < 2:
         return sorted(found, key=lambda f: f.node)  # processes sharing one machine (simulated nodes): no speed to compare
     into = incoming(records)
@@ -141,6 +139,22 @@ def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: floa
                                      round(shortfall, 3)))
     found += _infiniband(records)
     return sorted(found, key=lambda f: f.node)
+
+
+def _refused_links(records: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
+    """Ring probes that failed, each blamed as the figures are: on the node whose both links fail
+    (the probe into it and its own probe out), else on the prober (its end, or the link)."""
+    failed = {n: r["fabric"] for n, r in records.items() if "error" in r.get("fabric", {}) and r["fabric"].get("to") in records}
+    found: dict[int, Finding] = {}
+    for prober, link in sorted(failed.items()):
+        target = link["to"]
+        if target in failed and target != prober:  # the target's own probe failed too: both its links
+            found.setdefault(target, Finding(target, _host(records, target), "fabric",
+                                             f"from {_host(records, prober)} and to {_host(records, failed[target]['to'])}: "
+                                             f"both links fail ({failed[target]['error']})", 1.0))
+        elif not any(t.get("to") == prober for t in failed.values()):  # else its own in-link failed too: named as the target
+            found[prober] = Finding(prober, _host(records, prober), "fabric", f"to {_host(records, target)}: {link['error']}", 1.0)
+    return list(found.values())
 
 
 def _figures(records: Mapping[int, Mapping[str, Any]], read: Callable, into: Mapping[int, int]) -> dict[int, tuple[float, str | None]]:
@@ -184,9 +198,9 @@ def unmeasured(records: Mapping[int, Mapping[str, Any]]) -> list[str]:
 
 
 def ranking(records: Mapping[int, Mapping[str, Any]], findings: list[Finding], nnodes: int) -> list[int]:
-    """Every node from worst to best: the most findings first, a node that sent no record before
-    any that did, then the lowest figure relative to its median, over every measure (a latency
-    inverted)."""
+    """Every node from worst to best: a node that sent no record before any that did (a job that
+    keeps it waits for it), then the most findings, then the lowest figure relative to its median,
+    over every measure (a latency inverted)."""
     into = incoming(records)
     worst: dict[int, float] = {n: 1.0 if n in records else -1.0 for n in range(nnodes)}  # a node that sent nothing is the worst
     for _measure, read, _key, lower_better in MEASURES:
@@ -200,4 +214,4 @@ def ranking(records: Mapping[int, Mapping[str, Any]], findings: list[Finding], n
     counts = {n: 0 for n in range(nnodes)}
     for finding in findings:
         counts[finding.node] += 1
-    return sorted(range(nnodes), key=lambda n: (-counts[n], worst[n], n))
+    return sorted(range(nnodes), key=lambda n: (n in records, -counts[n], worst[n], n))
