@@ -47,6 +47,19 @@ def test_meter_adds_host_intervals_and_device_durations() -> None:
     assert meter.totals(cut + 2)["inside_s"] == pytest.approx(1.0)  # running totals
 
 
+def test_a_collective_under_way_counts_up_to_now_and_once_when_it_ends() -> None:
+    # A rank that sat inside one all_reduce for the whole run showed "0% of 35 s, 0 collectives".
+    meter = straggler_worker.Meter()
+    cut = meter._cut
+    token = meter.begin(cut + 1)
+    first = meter.totals(cut + 10)
+    assert first["count"] == 1 and first["inside_s"] == pytest.approx(9.0)
+    assert meter.totals(cut + 30)["inside_s"] == pytest.approx(29.0)
+    meter.interval(cut + 1, cut + 31, token)
+    last = meter.totals(cut + 40)
+    assert last["count"] == 1 and last["inside_s"] == pytest.approx(30.0)  # never counted twice
+
+
 def shares(*values: tuple[float, int], per_node: int = 1) -> dict[int, dict[int, list[float]]]:
     out: dict[int, dict[int, list[float]]] = {}
     for rank, (share, count) in enumerate(values):

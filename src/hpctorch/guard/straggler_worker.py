@@ -54,15 +54,26 @@ class Meter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._intervals: list[tuple[float, float]] = []
+        self._open: dict[int, float] = {}
+        """Host collectives under way (their start by a token): a rank stuck inside one counts it."""
         self._device_s = 0.0
         self.count = 0
         self.inside_s = 0.0
         self._cut = time.monotonic()
+        self._tokens = 0
 
-    def interval(self, start: float, end: float) -> None:
+    def begin(self, start: float) -> int:
+        with self._lock:
+            self._tokens += 1
+            self._open[self._tokens] = start
+            return self._tokens
+
+    def interval(self, start: float, end: float, token: int | None = None) -> None:
         with self._lock:
             self._intervals.append((start, end))
             self.count += 1
+            if token is not None:
+                self._open.pop(token, None)
 
     def duration(self, seconds: float, count: int = 1) -> None:
         with self._lock:
@@ -76,7 +87,9 @@ class Meter:
             intervals, self._intervals = self._intervals, []
             device, self._device_s = self._device_s, 0.0
             cut, self._cut = self._cut, now
-            count = self.count
+            count = self.count + len(self._open)
+            # Under way: counted up to now; once finished, only its part after this cut is added.
+            intervals += [(start, now) for start in self._open.values()]
         self.inside_s += device + merged_length(intervals, cut)
         return {"t": now, "inside_s": self.inside_s, "count": count, "rank": int(os.environ.get("RANK", "0") or 0), "pid": os.getpid()}
 
@@ -128,14 +141,19 @@ def _host_timed(collective):  # type: ignore[no-untyped-def]
         if _on_device(args, kwargs):
             return collective(*args, **kwargs)  # NCCL's flight recorder times it on the device
         start = time.monotonic()
-        work = collective(*args, **kwargs)
+        token = METER.begin(start)
+        try:
+            work = collective(*args, **kwargs)
+        except BaseException:
+            METER.interval(start, time.monotonic(), token)
+            raise
         if work is None or not hasattr(work, "get_future"):
-            METER.interval(start, time.monotonic())
+            METER.interval(start, time.monotonic(), token)
         else:
             try:
-                work.get_future().add_done_callback(lambda _done: METER.interval(start, time.monotonic()))
-            except Exception:  # noqa: BLE001 - a backend without futures: not timed
-                pass
+                work.get_future().add_done_callback(lambda _done: METER.interval(start, time.monotonic(), token))
+            except Exception:  # noqa: BLE001 - a backend without futures: counted as finished now
+                METER.interval(start, time.monotonic(), token)
         return work
 
     return timed
