@@ -75,3 +75,47 @@ def test_hostlist_compress_reads_names_from_stdin() -> None:
     done = subprocess.run([sys.executable, "-m", "hpctorch", "hostlist", "compress"], input="n1\nn2 n3\nn7\n", capture_output=True,
                           text=True, env=clean_env(), timeout=60, cwd=ROOT)
     assert (done.returncode, done.stdout.strip()) == (0, "n[1-3,7]"), done.stderr
+
+
+def _options_of(command: str) -> set[str]:
+    from hpctorch.cli.parser import parser
+
+    top = parser(command)
+    sub = next(a for a in top._actions if a.__class__.__name__ == "_SubParsersAction").choices[command]
+    return {o for action in sub._actions for o in action.option_strings if action.help != "==SUPPRESS=="} - {"-h", "--help"}
+
+
+def test_plan_takes_every_option_of_run() -> None:
+    assert _options_of("run") - _options_of("plan") == set()
+
+
+GUARDED = ("--max-restarts", "2", "--stall-timeout", "600", "--stall-action", "kill", "--screen=fail", "--spare-nodes", "1",
+           "--stragglers", "off", "--timings")
+
+
+def test_plan_says_what_runs_guards_would_do(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    done = hpctorch("plan", "--nproc-per-node", "2", *GUARDED, str(script), env=clean_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    guards = done.stdout.split("  guards:\n", 1)[1]
+    assert "no output from any rank for 600 s" in guards and "the job ends (exit 1)" in guards
+    assert "a named node stops the job (exit 3); the 1 worst node(s) sit out as spares" in guards
+    assert "stragglers off" in " ".join(guards.split()) and "timings" in guards
+    shown = json.loads(hpctorch("plan", "--json", *GUARDED, str(script), env=clean_env(), timeout=60).stdout)
+    assert shown["max_restarts"] == 2 and set(shown["guards"]) == {"stall", "screen", "stragglers", "timings"}
+    bad = hpctorch("plan", "--stall-timeout", "0", str(script), env=clean_env(), timeout=60)  # checked as run checks it
+    assert bad.returncode == 2 and "--stall-timeout 0" in bad.stderr
+
+
+def test_submit_writes_runs_guards_on_its_run_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    done = hpctorch("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--dry-run", *GUARDED, str(script),
+                    env=clean_env(), timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if " -m hpctorch run " in line]
+    assert line.split(" -m hpctorch run ", 1)[1] == ("--max-restarts 2 --stall-timeout 600 --stall-action kill --screen=fail --spare-nodes 1 "
+                                                     f"--stragglers off --timings {script}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from ..errors import HpctorchError, os_error_line
 from ..plan.types import Options, Plan
 from ..schedulers import hostlist
 from . import screening, staging, torchrun
-from .parser import EXIT_USAGE, parser, stage_paths, unrecognized
+from .parser import EXIT_USAGE, guard_flags, guard_summary, parser, stage_paths, unrecognized
 
 
 def _worker_command(args: argparse.Namespace) -> tuple[str, ...]:
@@ -268,8 +269,16 @@ def _plan(args: argparse.Namespace) -> int:
     from ..start import launch
 
     _check_script(args)
+    _stall(args)  # run's guards, checked as run checks them, and said with the plan
+    _stragglers(args)
+    screening.check_args(args)
+    staging.settings(args)
     plan = build_plan(args, exchange=False)
-    print(plan.to_json() if args.json else table(plan, explain=args.explain))
+    guards = guard_summary(args)
+    if args.json:
+        print(json.dumps({**json.loads(plan.to_json()), "guards": guards}, indent=2, sort_keys=True))
+    else:
+        print(table(plan, explain=args.explain) + "\n  guards:\n" + "\n".join(f"    {name:<11}{what}" for name, what in guards.items()))
     launch.check_master_port(plan)
     return 0
 
@@ -293,7 +302,7 @@ def _submit(args: argparse.Namespace) -> int:
     scheduler = args.scheduler or jobscript.default_scheduler()
     staged = [*([f"--stage-env={args.stage_env}" if args.stage_env == "try" else "--stage-env"] if args.stage_env else []),
               *[f"--stage-env={path}" for path in args.stage_paths], *(["--stage-dir", args.stage_dir] if args.stage_dir else [])]
-    run_args = [*(["--iface", args.iface] if args.iface else []), *staged, *(["-m"] if args.module else []), args.script, *args.script_args]
+    run_args = [*(["--iface", args.iface] if args.iface else []), *guard_flags(args), *staged, *(["-m"] if args.module else []), args.script, *args.script_args]
     _check_script(args)
     for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--cpus-per-node", args.cpus_per_node), ("--nproc-per-node", args.nproc_per_node)):
         if value is not None and value < 1:

@@ -115,6 +115,69 @@ def _add_stage_options(add) -> None:  # type: ignore[no-untyped-def]
     add("--stage-dir", default=None, metavar="DIR", help="where each node keeps its copy (default /tmp, /dev/shm where /tmp is not local)")
 
 
+def _add_guard_options(add) -> None:  # type: ignore[no-untyped-def]
+    """The guards of ``run`` (stall, screen, spares, stragglers, timings): ``plan`` shows what they
+    would do, ``submit`` writes them on its run line (``guard_flags``)."""
+    add("--stall-timeout", type=float, default=None, metavar="S",
+        help="when no rank wrote any output for S seconds, print every rank's stack (grouped)")
+    add("--stall-action", choices=("dump", "kill"), default="dump", help="after the stacks: go on (dump) or end the job (kill)")
+    # Two flags, not one with an optional value: "--screen train.py" must not take the script for the value.
+    add("--screen", "--screen=warn", dest="screen", action="store_const", const="warn", default=None,
+        help="before the workers start, measure every node and its link; node 0 names those below the median, and the job goes on")
+    add("--screen=fail", dest="screen", action="store_const", const="fail",
+        help="the same, but a bad node stops the job before its workers start (exit 3)")
+    add("--spare-nodes", type=_count, default=0, metavar="K",
+        help="screen the nodes, then run on all but the K worst (renumbered; the spares exit 0)")
+    add("--screen-threshold", type=_fraction, default=0.5, metavar="F",
+        help="a node is bad below F times the job's median (default 0.5)")
+    add("--stragglers", choices=("off", "warn"), default=None,
+        help="while the job runs, node 0 names the rank or node the others wait for (default warn; HPCTORCH_STRAGGLERS)")
+    add("--straggler-threshold", type=_fraction, default=None, metavar="F",
+        help="named when the others spend F more of their time waiting inside collectives than it does (default 0.2)")
+    add("--timings", action="store_true", help="rank 0 prints where startup went, stage by stage, slowest node first")
+
+
+GUARD_DEFAULTS = {"max_restarts": 0, "stall_timeout": None, "stall_action": "dump", "screen": None, "spare_nodes": 0, "screen_threshold": 0.5,
+                  "stragglers": None, "straggler_threshold": None, "timings": False}
+
+
+def guard_flags(args: argparse.Namespace) -> list[str]:
+    """The guard options given, as ``run`` reads them (``submit``'s run line)."""
+    flags: list[str] = []
+    for dest, default in GUARD_DEFAULTS.items():
+        value = getattr(args, dest, default)
+        if value == default:
+            continue
+        if dest == "screen":
+            flags.append("--screen" if value == "warn" else "--screen=fail")
+        elif dest == "timings":
+            flags.append("--timings")
+        else:
+            flags += [f"--{dest.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
+    return flags
+
+
+def guard_summary(args: argparse.Namespace) -> dict[str, str]:
+    """What each guard would do in ``run`` with these options, for ``plan``."""
+    said = {}
+    if getattr(args, "stall_timeout", None):
+        said["stall"] = (f"no output from any rank for {args.stall_timeout:g} s (after the first): every rank's stack"
+                         + (", then the job ends (exit 1)" if args.stall_action == "kill" else ", and the job goes on"))
+    if getattr(args, "screen", None) or getattr(args, "spare_nodes", 0):
+        said["screen"] = (f"every node measured before the workers start, named below {args.screen_threshold:g} x the median; "
+                          + ("a named node stops the job (exit 3)" if args.screen == "fail" else "the job goes on")
+                          + (f"; the {args.spare_nodes} worst node(s) sit out as spares" if args.spare_nodes else ""))
+    mode = getattr(args, "stragglers", None) or os.environ.get("HPCTORCH_STRAGGLERS", "warn")
+    said["stragglers"] = "off" if mode == "off" else (
+        f"node 0 names the rank or node the others wait for (threshold {getattr(args, 'straggler_threshold', None) or 0.2:g})")
+    if getattr(args, "timings", False):
+        said["timings"] = "rank 0 prints where startup went, stage by stage"
+    if getattr(args, "stage_env", None):
+        said["staging"] = (f"the workers run from a copy of the environment in {args.stage_dir or 'the node-local stage folder'}"
+                           + ("; a node that cannot stage runs from the shared path" if args.stage_env == "try" else ""))
+    return said
+
+
 def stage_paths(top: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """``--stage-env=DIR`` among ``run``'s or ``submit``'s own options (never the script's) as argparse can take it."""
     if not argv or argv[0] not in ("run", "submit"):
@@ -150,29 +213,15 @@ def parser(only: str | None = None) -> _Parser:
     run = sub.add_parser("run", help="start a training script", allow_abbrev=False)
     if only in (None, "run"):
         _add_launch_options(run)
-        run.add_argument("--stall-timeout", type=float, default=None, metavar="S",
-                         help="when no rank wrote any output for S seconds, print every rank's stack (grouped)")
-        run.add_argument("--stall-action", choices=("dump", "kill"), default="dump", help="after the stacks: go on (dump) or end the job (kill)")
-        # Two flags, not one with an optional value: "--screen train.py" must not take the script for the value.
-        run.add_argument("--screen", "--screen=warn", dest="screen", action="store_const", const="warn", default=None,
-                         help="before the workers start, measure every node and its link; node 0 names those below the median, and the job goes on")
-        run.add_argument("--screen=fail", dest="screen", action="store_const", const="fail",
-                         help="the same, but a bad node stops the job before its workers start (exit 3)")
-        run.add_argument("--spare-nodes", type=_count, default=0, metavar="K",
-                         help="screen the nodes, then run on all but the K worst (renumbered; the spares exit 0)")
-        run.add_argument("--screen-threshold", type=_fraction, default=0.5, metavar="F",
-                         help="a node is bad below F times the job's median (default 0.5)")
-        run.add_argument("--stragglers", choices=("off", "warn"), default=None,
-                         help="while the job runs, node 0 names the rank or node the others wait for (default warn; HPCTORCH_STRAGGLERS)")
-        run.add_argument("--straggler-threshold", type=_fraction, default=None, metavar="F",
-                         help="named when the others spend F more of their time waiting inside collectives than it does (default 0.2)")
-        run.add_argument("--timings", action="store_true", help="rank 0 prints where startup went, stage by stage, slowest node first")
+        _add_guard_options(run.add_argument)
         _add_stage_options(run.add_argument)
         run.add_argument("script", help="training script (or module with -m)")
         run.add_argument("script_args", nargs=argparse.REMAINDER)
     plan = sub.add_parser("plan", help="print what run would do, start nothing", allow_abbrev=False)
     if only in (None, "plan"):
         _add_launch_options(plan)
+        _add_guard_options(plan.add_argument)
+        _add_stage_options(plan.add_argument)
         plan.add_argument("--json", action="store_true", help="print the plan as JSON")
         plan.add_argument("--explain", action="store_true", help="show which variable each value came from")
         plan.add_argument("script", nargs="?", default=None)
@@ -205,6 +254,8 @@ def parser(only: str | None = None) -> _Parser:
         for flag in ("--sbatch-arg", "--qsub-arg", "--bsub-arg", "--flux-arg", "--scheduler-arg"):
             add(flag, dest="extra", action="append", default=[], metavar="ARG", help="passed to the scheduler as a directive" if flag == "--scheduler-arg" else argparse.SUPPRESS)
         add("--iface", default=None, help="passed on to hpctorch run")
+        add("--max-restarts", "--max_restarts", type=int, default=0, help="passed on to hpctorch run")
+        _add_guard_options(add)
         _add_stage_options(add)
         add("-m", "--module", action="store_true")
         add("script")
