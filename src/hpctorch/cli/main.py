@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..errors import HpctorchError, os_error_line
+from ..plan.ports import check_master_port
 from ..plan.types import Options, Plan
 from ..schedulers import hostlist
 from . import screening, staging, torchrun
@@ -203,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
     if plan.mode == "relaunch":
         # Per task the step starts every rank: each must not start --nproc-per-node more of its own.
         launch.exec_relaunch(plan, _without_nproc(args) if plan.relaunch_per_task else args.argv)
-    launch.check_master_port(plan)
+    check_master_port(plan)
     screening.check_spares(args, plan)
     if plan.mode in ("per-task", "unchanged"):
         if stall:
@@ -220,7 +221,7 @@ def _run(args: argparse.Namespace) -> int:
             if kept is None:
                 return 0  # a spare's rank
             plan = kept
-            launch.check_master_port(plan)
+            check_master_port(plan)
         staging.stage(args, plan, stage_settings)
         launch.exec_per_task(plan)
     if plan.node_rank == 0 and not args.quiet:  # one copy per job, not one per node
@@ -266,11 +267,11 @@ def _leave(code: int) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from ..plan.render import table
-    from ..start import launch
 
     _check_script(args)
     _stall(args)  # run's guards, checked as run checks them, and said with the plan
-    _stragglers(args)
+    if args.stragglers or args.straggler_threshold is not None or any(k.startswith("HPCTORCH_STRAGGLER") for k in os.environ):
+        _stragglers(args)  # its module costs a plan 15 ms: only when there is something to check
     screening.check_args(args)
     staging.settings(args)
     plan = build_plan(args, exchange=False)
@@ -279,7 +280,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps({**json.loads(plan.to_json()), "guards": guards}, indent=2, sort_keys=True))
     else:
         print(table(plan, explain=args.explain) + "\n  guards:\n" + "\n".join(f"    {name:<11}{what}" for name, what in guards.items()))
-    launch.check_master_port(plan)
+    check_master_port(plan)
     return 0
 
 

@@ -10,7 +10,7 @@ from ..errors import HpctorchError
 from ..host.facts import HostFacts
 from ..schedulers import job_port
 from ..schedulers.allocation import Allocation
-from .types import Options
+from .types import Options, Plan
 
 
 def master_port(allocation: Allocation, options: Options, facts: HostFacts, nnodes: int, world_size: int, mode: str,
@@ -87,3 +87,21 @@ def agreement_dir(allocation: Allocation, options: Options, nodes: tuple[str, ..
     if key is None:
         return None
     return os.path.join(shared_dir, ".hpctorch", f"{key}.agreement")
+
+
+def check_master_port(plan: Plan) -> None:
+    """On the master, a fixed port must be free before anything starts."""
+    if not plan.is_master or not plan.master_port or plan.simulated:
+        return
+    if plan.mode == "per-task" and plan.workers and plan.workers[0].rank != 0:
+        return  # rank 0 on this node binds the port, perhaps already
+    if plan.mode == "unchanged":
+        return  # the launcher that set every variable (torchrun's agent) holds it
+    from ..host import network
+
+    if not network.port_is_free("", plan.master_port):
+        why = plan.reasons.get("master_port", "")
+        raise HpctorchError(
+            f"master port {plan.master_port} ({why}) is already in use on this node",
+            "pass another --master-port, or stop the process that holds it (ss -ltnp)",
+        )

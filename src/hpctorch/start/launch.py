@@ -31,22 +31,6 @@ from .workers import (
 )
 
 
-def check_master_port(plan: Plan) -> None:
-    """On the master, a fixed port must be free before anything starts."""
-    if not plan.is_master or not plan.master_port or plan.simulated:
-        return
-    if plan.mode == "per-task" and plan.workers and plan.workers[0].rank != 0:
-        return  # rank 0 on this node binds the port, perhaps already
-    if plan.mode == "unchanged":
-        return  # the launcher that set every variable (torchrun's agent) holds it
-    if not network.port_is_free("", plan.master_port):
-        why = plan.reasons.get("master_port", "")
-        raise HpctorchError(
-            f"master port {plan.master_port} ({why}) is already in use on this node",
-            "pass another --master-port, or stop the process that holds it (ss -ltnp)",
-        )
-
-
 def _file_store_env(plan: Plan, env: dict[str, str]) -> None:
     """``--rdzv-backend file``: the workers' FileStore (``filestore``), and the agents' backend."""
     if plan.rdzv_backend != "file":
