@@ -10,7 +10,6 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ..errors import HpctorchError
-from ..host import network
 from ..host.signals import PREEMPT_SIGNALS
 from ..plan.types import ROLE, Plan
 from . import spares
