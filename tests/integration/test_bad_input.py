@@ -74,6 +74,8 @@ def _assert_one_line(args: tuple[str, ...], env: dict[str, str], *words: str) ->
         (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "moab", "--dry-run", SCRIPT), ("moab",)),
         (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--account", "a\nb", "--dry-run", SCRIPT), ("newline",)),
         (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--dry-run", "nope.py"), ("not found",)),
+        (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--job-name", "my job", "--dry-run", SCRIPT),
+         ("--job-name 'my job' holds a space", "--job-name my_job")),
         (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--dry-run", "/bin/true"), ("is a program", "hpctorch run --no-python")),
         (("submit", "--nodes", "2", "--time", "1:00", "--scheduler", "slurm", "--job-script", SCRIPT, SCRIPT), ("not a job script hpctorch wrote",)),
     ],

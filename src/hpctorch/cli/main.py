@@ -346,7 +346,7 @@ def _submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         sys.stdout.write(text)
         return 0
-    path = args.job_script or f"hpctorch-{args.job_name}.{scheduler}.sh"
+    path = args.job_script or _new_script_path(args.job_name, scheduler)
     if os.path.exists(path):
         with open(path, encoding="utf-8", errors="replace") as existing:
             if "Written by hpctorch submit" not in existing.read(4096):
@@ -354,11 +354,24 @@ def _submit(args: argparse.Namespace) -> int:
     with open(path, "w", encoding="utf-8") as script:
         script.write(text)
     os.chmod(path, 0o755)
+    if args.cpus_per_node is None:
+        print("hpctorch submit: no --cpus-per-node: each rank gets the scheduler's default CPUs (one, on many shared nodes); "
+              "give --cpus-per-node N for data loaders and threads", file=sys.stderr)
     job_id = jobscript.submit(path, scheduler)
     logs = (request.output or jobscript.DEFAULT_OUTPUT[scheduler] or f"{args.job_name}.o<id>")
     logs = logs.replace("%x", args.job_name).replace("%j", job_id).replace("%J", job_id).replace("{{id}}", job_id).replace("<id>", job_id)
     print(f"submitted {scheduler} job {job_id}; script: {path}; logs: {logs}")
     return 0
+
+
+def _new_script_path(job_name: str, scheduler: str) -> str:
+    """hpctorch-NAME.SCHEDULER.sh, or with -2, -3... where an earlier submit left one: each job
+    keeps the script it ran."""
+    path, count = f"hpctorch-{job_name}.{scheduler}.sh", 1
+    while os.path.exists(path):
+        count += 1
+        path = f"hpctorch-{job_name}-{count}.{scheduler}.sh"
+    return path
 
 
 def _badnodes(args: argparse.Namespace) -> int:

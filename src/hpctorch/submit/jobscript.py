@@ -170,6 +170,10 @@ def render(request: JobRequest, scheduler: str, template: str | None = None, pyt
                         ("--job-name", request.job_name), ("--output", request.output), *(("extra option", e) for e in request.extra)):
         if value is not None:
             check_directive_value(flag, value)
+    if not request.job_name or any(c.isspace() or c in "'\"" for c in request.job_name):
+        # Directives are read word by word (#SBATCH, #PBS -N, #BSUB -J): a space would end the name.
+        raise HpctorchError(f"--job-name {request.job_name!r} holds a space or a quote, which schedulers read as the name's end",
+                            f"give one word, e.g. --job-name {'_'.join(request.job_name.split()) or 'train'}")
     text = template if template is not None else resources.files("hpctorch.submit").joinpath(f"templates/{scheduler}.sh").read_text()
     output = request.output if request.output is not None else DEFAULT_OUTPUT[scheduler]
     nproc = request.nproc_per_node or request.gpus_per_node
