@@ -42,19 +42,24 @@ def _late_rank_0(tmp_path: Path, through_worker: bool, init: str = 'dist.init_pr
     port = str(free_port("127.0.0.1"))
     entry = [sys.executable, "-u", WORKER_ENTRY] if through_worker else [sys.executable, "-u"]
 
-    def start(rank: int) -> subprocess.Popen:
+    def start(rank: int, into: Path | None = None) -> subprocess.Popen:
         env = clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **TRACE)
-        return subprocess.Popen([*entry, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if into is None:
+            return subprocess.Popen([*entry, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # To a file: rank 0's trace is not read while rank 1's is, and a full pipe would stop it mid-collective.
+        with open(into, "w") as sink:
+            return subprocess.Popen([*entry, str(script)], env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
 
     rank_1 = start(1)
     rank_0 = None
     try:
         assert rank_1.stdout is not None
         assert rank_1.stdout.readline().strip() == "calling init"
-        time.sleep(1.0)
-        rank_0 = start(0)
+        time.sleep(1.0)  # rank 0 comes late: how late does not matter, rank 1 is already waiting
+        rank_0 = start(0, tmp_path / "rank0.txt")
         out_1, err_1 = rank_1.communicate(timeout=120)
-        out_0, err_0 = rank_0.communicate(timeout=120)
+        rank_0.wait(timeout=120)
+        out_0 = err_0 = (tmp_path / "rank0.txt").read_text()
     finally:
         for process in (rank_1, rank_0):
             if process is not None and process.poll() is None:
