@@ -1,7 +1,8 @@
 """The straggler watch on 3 real Slurm nodes, one rank each, plain DDP (the script imports no
 hpctorch): the node whose slurmd runs in a CPU-quota cgroup is named within 60 s of training,
-with the default window, and goes on the bad-node list once it straggled for two windows; a
-balanced run names nobody, under torch's agent too."""
+with the default window, and goes on the bad-node list once it straggled for two windows (its
+quota the evidence about the node; no other node is listed); a balanced run names nobody, under
+torch's agent too."""
 
 from __future__ import annotations
 
@@ -62,9 +63,12 @@ def test_the_throttled_node_is_named_and_listed(cluster: Cluster, job_dir: Path,
     assert state == "COMPLETED", output[-3000:]
     lines = straggler_lines(output)
     assert lines, output[-3000:]
-    assert all(f"({throttled_cpu})" in line or f"node {throttled_cpu} (" in line for line in lines), lines
-    # The cause, from its cgroup's cpu.stat: on a line of its own, or on the share's once two samples of it are in.
-    assert any("its CPU quota held it back in" in line for line in lines), lines
+    # The cause, from its cgroup's cpu.stat: on a line of its own, or on the share's once two samples
+    # of it are in, and only for the throttled node. Three ranks share 2 cores here (six processes
+    # with srun's): another node's rank may really be slower for a window, and be named for it
+    # (CI: "rank 1 (node2) computes 1.8x"), never for a quota, and never listed (below).
+    quota = [line for line in lines if "its CPU quota held it back in" in line]
+    assert quota and all(f"({throttled_cpu})" in line or f"node {throttled_cpu} (" in line for line in quota), lines
     print("\n".join(lines))
     rows = {row["node"]: row for row in summary["ranks"]}
     assert set(rows) == {"node1", "node2", "node3"}

@@ -288,9 +288,32 @@ def test_fsdp2s_collectives_are_timed(tmp_path) -> None:  # type: ignore[no-unty
         assert count >= 3 * 2, out  # an all-gather per layer forward, a reduce-scatter per layer backward
 
 
+def test_a_rank_slow_for_two_windows_without_evidence_about_its_node_is_named_never_listed(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A rank that computes more for its role (a pipeline's last stage, the issue's case) looks like
+    a slow node in time shares alone: named, and said why it is not listed; the list is left alone."""
+    from hpctorch.host import badnodes
+
+    monkeypatch.setenv("HPCTORCH_BAD_NODES", str(tmp_path / "bad.jsonl"))
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    said: list[str] = []
+    watch = stragglers.Watch(plan(3), Settings(0.2, 10), str(folder), say=said.append)
+    inside = [0.0, 0.0, 0.0]
+    for t in range(0, 61, 5):
+        for local in range(3):
+            inside[local] += 5 * (0.05 if local == 2 else 0.5)
+            write(folder, local, t, inside[local], t * 10)
+        watch.step(None, float(t))
+    assert any(line.startswith("hpctorch: straggler: rank 2 (cx0) computes") for line in said), said
+    assert [line for line in said if "bad-node list" in line] == [
+        "hpctorch: cx0 not put on the bad-node list: slow for 2 windows, but nothing about the node says why (its CPU quota did not "
+        "hold it back); a rank's larger share of the work looks the same"]
+    assert badnodes.current(os.environ) == []
+
+
 def test_a_node_goes_on_the_bad_node_list_only_after_two_windows_on_end(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Rank 0's evaluation makes everyone wait for a while: named, not listed; a node slow for
-    two windows on end is listed, once."""
+    """Rank 0's evaluation makes everyone wait for a while: named, not listed; a node held back
+    by its CPU quota for two windows on end is listed, once."""
     from hpctorch.host import badnodes
 
     monkeypatch.setenv("HPCTORCH_BAD_NODES", str(tmp_path / "bad.jsonl"))
@@ -301,6 +324,9 @@ def test_a_node_goes_on_the_bad_node_list_only_after_two_windows_on_end(tmp_path
     inside = [0.0, 0.0, 0.0]
     for t in range(0, 61, 5):
         slow = 5 <= t <= 15 or t >= 30  # a short spell, a break, then for good
+        # Its rank's share and its cgroup's cpu.stat (the evidence about the node), as judge finds them.
+        found = [stragglers.Straggler((2,), "cx0", 2.0, 0.4, False, 0.8)] if slow else []
+        monkeypatch.setattr(stragglers, "judge", lambda *_a, found=found, **_k: found)
         for local in range(3):
             inside[local] += 5 * (0.05 if slow and local == 2 else 0.5)
             write(folder, local, t, inside[local], t * 10)

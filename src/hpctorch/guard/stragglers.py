@@ -11,7 +11,10 @@ the one they wait for; so is a node whose CPU quota held its ranks back in half 
 scheduler's periods (its workers' cgroup ``cpu.stat``) while the others wait: frozen inside a
 collective it slows everyone alike, and no time share shows it. Node 0 prints one line per
 straggler, again at most every ``REPEAT_S`` while it lasts, and adds a node of a several-node
-job that straggled for two windows on end to the user's bad-node list. At the end every node's
+job that straggled for two windows on end to the user's bad-node list only on evidence about the
+node itself (its CPU quota held it back): a rank that computes more for its role (a pipeline's
+last stage, a rank 0 that also evaluates) or a node slowed for a while by its neighbours looks
+the same in time shares, and is named, never listed. At the end every node's
 running totals make the closing summary's per-rank table.
 """
 
@@ -290,6 +293,8 @@ class Watch:
         self.host = node_name(plan, plan.node_rank) if plan.nodes else _hostname()
         self.said: dict[str, float] = {}
         self.since: dict[str, float] = {}
+        self.held_back: dict[str, float] = {}
+        """Per node in its present spell: the most its CPU quota held it back (the evidence to list it)."""
         """When each node named in the last judgement was first named without a break."""
         self.listed: set[str] = set()
         self.requests = 0
@@ -323,6 +328,11 @@ class Watch:
                       {n: str(r["h"]) for n, r in records.items() if r.get("h")})
         # Per node, whatever its lines say (its rank's share, its quota, or both, may come and go).
         self.since = {s.node: self.since.get(s.node, now) for s in found}
+        held = {n: q for n, q in self.held_back.items() if n in self.since}
+        for straggler in found:
+            if straggler.throttled is not None:
+                held[straggler.node] = max(held.get(straggler.node, 0.0), straggler.throttled)
+        self.held_back = held
         for straggler in found:
             if now - self.said.get(straggler.key, -REPEAT_S) >= REPEAT_S:
                 self.said[straggler.key] = now
@@ -353,6 +363,10 @@ class Watch:
         if self.plan.nnodes < 2 or self.plan.simulated or straggler.node.startswith("node ") or straggler.node in self.listed:
             return
         self.listed.add(straggler.node)
+        if straggler.node not in self.held_back:
+            self.say(f"hpctorch: {straggler.node} not put on the bad-node list: slow for {LIST_AFTER_WINDOWS} windows, but nothing "
+                     "about the node says why (its CPU quota did not hold it back); a rank's larger share of the work looks the same")
+            return
         from ..host import badnodes
 
         reason = f"straggler: {straggler.line().split(': ', 2)[-1]}"
