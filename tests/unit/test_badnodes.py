@@ -76,8 +76,11 @@ def test_the_command_line(tmp_path: Path) -> None:
     here = clean_env(**env(tmp_path))
     assert hpctorch("badnodes", "add", "nid[0003-0004]", "--reason", "ECC errors", env=here).returncode == 0
     listed = hpctorch("badnodes", env=here)
-    assert listed.returncode == 0 and [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["nid0003", "nid0004"]
-    assert listed.stdout.splitlines()[0].endswith("\tECC errors") and "2 bad node(s) in" in listed.stderr
+    assert listed.returncode == 0 and [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["node", "nid0003", "nid0004"]
+    assert listed.stdout.splitlines()[0] == "node\tadded\tuntil\tjob\treason"
+    added, until = listed.stdout.splitlines()[1].split("\t")[1:3]
+    assert until > added and listed.stdout.splitlines()[1].endswith("\tECC errors")
+    assert "2 bad node(s) in" in listed.stderr and "for 7 days, HPCTORCH_BAD_NODES_DAYS" in listed.stderr
     script = tmp_path / "t.py"
     script.write_text("print(1)\n")
     dry = hpctorch("submit", "--nodes", "2", "--time", "10", "--scheduler", "slurm", "--dry-run", str(script), env=here)

@@ -388,10 +388,18 @@ def _badnodes(args: argparse.Namespace) -> int:
         badnodes.clear(os.environ)
     else:
         entries = badnodes.current(os.environ)
+        lasts = badnodes.days(os.environ) * 86400
+
+        def shown(seconds: float) -> str:
+            return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+
+        if entries:
+            print("node\tadded\tuntil\tjob\treason")
         for entry in entries:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.time))
-            print(f"{entry.node}\t{when}\t{entry.job or '-'}\t{entry.reason}")
-        print(f"{len(entries)} bad node(s) in {badnodes.path(os.environ)}", file=sys.stderr)
+            print(f"{entry.node}\t{shown(entry.time)}\t{shown(entry.time + lasts)}\t{entry.job or '-'}\t{entry.reason}")
+        sys.stdout.flush()  # the table, then the count: never on one line of a terminal
+        print(f"{len(entries)} bad node(s) in {badnodes.path(os.environ)} (each left out of your jobs for "
+              f"{lasts / 86400:g} days, {badnodes.DAYS_ENV})", file=sys.stderr)
     return 0
 
 

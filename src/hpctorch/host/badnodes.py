@@ -43,6 +43,11 @@ def path(env: Mapping[str, str]) -> str:
     return os.path.join(state, "hpctorch", "bad-nodes.jsonl")
 
 
+def days(env: Mapping[str, str]) -> float:
+    """How many days an entry stays in force."""
+    return _days(env)
+
+
 def _days(env: Mapping[str, str]) -> float:
     raw = env.get(DAYS_ENV)
     try:
