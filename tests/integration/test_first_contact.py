@@ -119,3 +119,20 @@ def test_submit_writes_runs_guards_on_its_run_line(tmp_path) -> None:  # type: i
     (line,) = [line for line in done.stdout.splitlines() if " -m hpctorch run " in line]
     assert line.split(" -m hpctorch run ", 1)[1] == ("--max-restarts 2 --stall-timeout 600 --stall-action kill --screen=fail --spare-nodes 1 "
                                                      f"--stragglers off --timings {script}")
+
+
+def test_every_option_of_every_subcommand_has_help_and_run_help_is_grouped_with_examples() -> None:
+    import argparse
+
+    from hpctorch.cli.parser import parser
+
+    top = parser()
+    subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices
+    bare = [f"{name} {a.option_strings[0]}" for name, sub in subs.items() for a in sub._actions if a.option_strings and not a.help]
+    assert bare == []
+    shown = hpctorch("run", "--help", env=clean_env(), timeout=60).stdout
+    titles = [line for line in shown.splitlines() if line and not line[0].isspace() and line.endswith(":")]
+    assert [t.split(":")[0] for t in titles] == ["positional arguments", "options", "launch", "output", "torchrun's options (torch's agent and rendezvous; same names and meaning)",
+                                                 "guards", "staging", "examples"], titles
+    doctor = hpctorch("doctor", "--help", env=clean_env(), timeout=60).stdout
+    assert doctor.index("--timeout S") < doctor.index("--nproc-per-node")  # its own options first

@@ -70,7 +70,7 @@ def _fraction(value: str) -> float:
 
 
 def _add_launch_options(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
+    add = parser.add_argument_group("launch: how many workers, which nodes, master and network (a scheduler tells most)").add_argument
     add("--nproc-per-node", "--nproc_per_node", type=_nproc, default=None, help="workers per node: N, gpu, cpu or auto (default: visible GPUs, else 1)")
     add("--nnodes", type=nnodes_range, default=None, metavar="N|MIN:MAX", help="node count when no scheduler tells it; MIN:MAX with --rdzv-backend c10d")
     add("--node-rank", "--node_rank", type=int, default=None, help="this node's rank when no scheduler tells it")
@@ -81,12 +81,17 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--cpu-bind", choices=("none", "cores", "numa"), default=None, help="bind each worker to its share of CPUs (default: cores when more than one worker)")
     add("--mode", choices=MODES, default="auto", help="per-node: start workers here; per-task: this process is one rank")
     add("--simulate-nodes", type=int, default=None, metavar="N", help="run N node agents on this machine (loopback)")
-    add("--max-restarts", "--max_restarts", type=int, default=0)
+    add("--max-restarts", "--max_restarts", type=int, default=0, help="restart every node's workers this often after a failure (torch's agent, c10d)")
     add("--rdzv-timeout", type=int, default=DEFAULT_RDZV_TIMEOUT_S, metavar="S", help="seconds to wait for all nodes")
-    add("--run-id", "--rdzv-id", "--rdzv_id", dest="run_id", default=None)
+    add("--run-id", "--rdzv-id", "--rdzv_id", dest="run_id", default=None, help="the job's run id (default: from the scheduler's job id)")
     add("--hostfile", default=None, metavar="FILE", help="no scheduler: the job's hosts, one per line ('host', 'host slots=N', 'host:N')")
     add("--hosts", default=None, metavar="A,B,...", help="no scheduler: the job's hosts, comma-separated")
     add("--rendezvous-dir", default=None, metavar="DIR", help="a directory all nodes share, to exchange the master's address (default: the job's submit directory)")
+    add("--requeue", action="store_true", help="after a preemption signal (SIGUSR1/2), requeue the job with the scheduler's command")
+    add("--standalone", action="store_true", help="as torchrun: this machine alone, whatever launched it, on a free local port")
+    add("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
+    add("--no-python", "--no_python", action="store_true", help="run the script as an executable, not with python")
+    add = parser.add_argument_group("output: what reaches the terminal and the logs").add_argument
     add("--log-dir", "--log_dir", default=None, help="keep each worker's output under this directory")
     add("--tee", "-t", default=None, help="torchrun's --tee: also copy std streams to --log-dir (0-3)")
     add("--redirects", "-r", default=None, help="torchrun's --redirects (0-3)")
@@ -96,11 +101,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     add("--verbose", "-v", action="store_true", help="print the whole plan (every worker's environment) before starting")
     add("--quiet", "-q", action="store_true", help="print nothing of hpctorch's own but errors (no banner, progress or summary)")
     add("--summary-json", default=None, metavar="FILE", help="node 0 writes the closing summary there as JSON")
-    add("--requeue", action="store_true", help="after a preemption signal (SIGUSR1/2), requeue the job with the scheduler's command")
-    add("--standalone", action="store_true", help="as torchrun: this machine alone, whatever launched it, on a free local port")
-    add("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
-    add("--no-python", "--no_python", action="store_true", help="run the script as an executable, not with python")
-    torchrun.add_options(parser)
+    torchrun.add_options(parser.add_argument_group("torchrun's options (torch's agent and rendezvous; same names and meaning)"))
 
 
 def _add_stage_options(add) -> None:  # type: ignore[no-untyped-def]
@@ -204,44 +205,57 @@ def stage_paths(top: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     return out + argv[index:]
 
 
+RUN_EXAMPLES = """examples:
+  hpctorch run train.py --lr 0.1                          one node: one worker per GPU, else 1
+  srun hpctorch run --nproc-per-node 4 train.py           every node of a Slurm job (any launcher alike)
+  hpctorch run --simulate-nodes 2 --nproc-per-node 2 train.py   the multi-node logic on a laptop
+  hpctorch run --max-restarts 3 --stall-timeout 600 train.py    restarts, and stacks when output stops
+  hpctorch plan --nproc-per-node 4 train.py               what run would do, starting nothing
+"""
+
+
 def parser(only: str | None = None) -> _Parser:
     """The command line; with ``only``, just that subcommand gets its options (argparse
     spends milliseconds per option, and ``hpctorch plan`` must answer fast)."""
     parser = _Parser(prog="hpctorch", description="Run PyTorch distributed scripts under any launcher.", allow_abbrev=False)
     parser.add_argument("--version", "-V", action="store_true", help="print hpctorch's version, torch's and Python's, and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="start a training script", allow_abbrev=False)
+    run = sub.add_parser("run", help="start a training script", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description="Start a PyTorch distributed script on every node of the job, as torchrun would, with the node "
+                                     "rank, master, port and network worked out from the launcher.", epilog=RUN_EXAMPLES)
     if only in (None, "run"):
         _add_launch_options(run)
-        _add_guard_options(run.add_argument)
-        _add_stage_options(run.add_argument)
+        _add_guard_options(run.add_argument_group("guards: before and while the job runs").add_argument)
+        _add_stage_options(run.add_argument_group("staging: the Python environment on each node's own disk").add_argument)
         run.add_argument("script", help="training script (or module with -m)")
         run.add_argument("script_args", nargs=argparse.REMAINDER)
     plan = sub.add_parser("plan", help="print what run would do, start nothing", allow_abbrev=False)
     if only in (None, "plan"):
+        own = plan.add_argument_group("plan").add_argument
+        own("--json", action="store_true", help="print the plan as JSON")
+        own("--explain", action="store_true", help="show which variable each value came from")
         _add_launch_options(plan)
-        _add_guard_options(plan.add_argument)
-        _add_stage_options(plan.add_argument)
-        plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-        plan.add_argument("--explain", action="store_true", help="show which variable each value came from")
+        _add_guard_options(plan.add_argument_group("guards (said, not run)").add_argument)
+        _add_stage_options(plan.add_argument_group("staging (said, not run)").add_argument)
         plan.add_argument("script", nargs="?", default=None)
         plan.add_argument("script_args", nargs=argparse.REMAINDER)
     doctor = sub.add_parser("doctor", help="run like the job on every node: find out why it would not start", allow_abbrev=False)
     if only in (None, "doctor"):
+        own = doctor.add_argument_group("doctor").add_argument
+        own("--timeout", type=float, default=30, metavar="S", help="seconds the whole check may take (default 30)")
+        own("--json", default=None, metavar="FILE", help="write the whole report as JSON ('-' for stdout), for a bug report")
         _add_launch_options(doctor)
-        doctor.add_argument("--timeout", type=float, default=30, metavar="S", help="seconds the whole check may take (default 30)")
-        doctor.add_argument("--json", default=None, metavar="FILE", help="write the whole report as JSON ('-' for stdout), for a bug report")
     job = sub.add_parser("submit", help="write a job script for a scheduler and submit it", allow_abbrev=False)
     if only in (None, "submit"):
         add = job.add_argument
-        add("--nodes", type=int, required=True)
+        add("--nodes", type=int, required=True, help="nodes to ask the scheduler for")
         add("--time", required=True, help="wall time: 2:00:00, 90 (minutes), 1-12:00:00, 90m, 2h")
-        add("--gpus-per-node", type=int, default=None)
-        add("--cpus-per-node", type=int, default=None)
+        add("--gpus-per-node", type=int, default=None, help="GPUs to ask for on each node")
+        add("--cpus-per-node", type=int, default=None, help="CPUs to ask for on each node (shared among its ranks)")
         add("--nproc-per-node", "--nproc_per_node", type=int, default=None, help="workers per node (default: --gpus-per-node, else hpctorch's default)")
-        add("--partition", "--queue", "-p", default=None)
-        add("--account", "-A", default=None)
-        add("--job-name", default="hpctorch")
+        add("--partition", "--queue", "-p", default=None, help="the scheduler's partition or queue")
+        add("--account", "-A", default=None, help="the account the job is charged to")
+        add("--job-name", default="hpctorch", help="the job's name (one word; default hpctorch)")
         add("--output", default=None, help="log file pattern (default per scheduler, e.g. hpctorch-%%x-%%j.out)")
         from ..submit.jobscript import SUBMIT_COMMANDS
 
@@ -257,7 +271,7 @@ def parser(only: str | None = None) -> _Parser:
         add("--max-restarts", "--max_restarts", type=int, default=0, help="passed on to hpctorch run")
         _add_guard_options(add)
         _add_stage_options(add)
-        add("-m", "--module", action="store_true")
+        add("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
         add("script")
         add("script_args", nargs=argparse.REMAINDER)
     stacks = sub.add_parser("stacks", help="print where every rank of a running job is (grouped stacks)", allow_abbrev=False)

@@ -72,8 +72,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add("--signals-to-handle", "--signals_to_handle", default=None, help="torch agent: signals it forwards to workers")
     add("--shutdown-timeout", "--shutdown_timeout", type=int, default=None, metavar="S", help="torch agent: SIGTERM to SIGKILL")
     add("--virtual-local-rank", "--virtual_local_rank", action="store_true", default=None, help="torch agent: LOCAL_RANK 0 in every worker")
-    add("--duplicate-stdout-filters", "--duplicate_stdout_filters", type=_comma_list, default=None, metavar="S,...")
-    add("--duplicate-stderr-filters", "--duplicate_stderr_filters", type=_comma_list, default=None, metavar="S,...")
+    add("--duplicate-stdout-filters", "--duplicate_stdout_filters", type=_comma_list, default=None, metavar="S,...",
+        help="torch agent: stdout lines with these strings also go to a file of their own")
+    add("--duplicate-stderr-filters", "--duplicate_stderr_filters", type=_comma_list, default=None, metavar="S,...",
+        help="torch agent: stderr lines with these strings also go to a file of their own")
     add("--local-ranks-filter", "--local_ranks_filter", default=None, metavar="R,...", help="local ranks whose output reaches the console")
     add("--run-path", "--run_path", action="store_true", help="as torchrun: run the script by path (hpctorch always does)")
     # torch.distributed.launch: scripts that read their local rank from an argument.
