@@ -106,6 +106,8 @@ def test_plan_says_what_runs_guards_would_do(tmp_path) -> None:  # type: ignore[
     assert "stragglers off" in " ".join(guards.split()) and "timings" in guards
     shown = json.loads(hpctorch("plan", "--json", *GUARDED, str(script), env=clean_env(), timeout=60).stdout)
     assert shown["max_restarts"] == 2 and set(shown["guards"]) == {"stall", "screen", "stragglers", "timings"}
+    staged = hpctorch("plan", f"--stage-env={tmp_path}", "--stage-env=try", str(script), env=clean_env(), timeout=60)
+    assert staged.returncode == 0 and "a node that cannot stage runs from the shared path" in staged.stdout, staged.stderr
     bad = hpctorch("plan", "--stall-timeout", "0", str(script), env=clean_env(), timeout=60)  # checked as run checks it
     assert bad.returncode == 2 and "--stall-timeout 0" in bad.stderr
 

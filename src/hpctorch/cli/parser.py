@@ -180,8 +180,8 @@ def guard_summary(args: argparse.Namespace) -> dict[str, str]:
 
 
 def stage_paths(top: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``--stage-env=DIR`` among ``run``'s or ``submit``'s own options (never the script's) as argparse can take it."""
-    if not argv or argv[0] not in ("run", "submit"):
+    """``--stage-env=DIR`` among ``run``'s, ``plan``'s or ``submit``'s own options (never the script's) as argparse can take it."""
+    if not argv or argv[0] not in ("run", "plan", "submit"):
         return argv
     subparsers = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
     actions = subparsers.choices[argv[0]]._option_string_actions  # noqa: SLF001 - to skip option values as argparse will
@@ -195,7 +195,7 @@ def stage_paths(top: argparse.ArgumentParser, argv: list[str]) -> list[str]:
             continue
         out.append(token)
         if token == "--" or not token.startswith("-"):
-            if token in ("run", "submit") and len(out) == 1:
+            if token in ("run", "plan", "submit") and len(out) == 1:
                 continue
             break  # the script: the rest is its own
         action = actions.get(token)
