@@ -64,6 +64,7 @@ def test_a_rank_that_raises_shows_the_users_frames_once_and_the_last_line_names_
         assert ours not in text, ours  # hpctorch's frames, runpy's, torch's second prefix
     last = done.stderr.strip().splitlines()[-1]
     assert re.match(r"hpctorch: rank 1 \(local rank 1\) raised KeyError: 'missing_column' at train\.py:6; details: \S+error\.json$", last), last
+    assert done.stderr.count("raised KeyError") == 1  # the closing line, once
 
 
 def test_hostlist_compress_reads_names_from_stdin() -> None:

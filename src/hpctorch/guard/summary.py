@@ -55,7 +55,8 @@ class Summary:
                 where = f"{hostlist.display(self.nodes[n] for n in self.succeeded)} and {len(self.replaced)} hot spare(s)"
             text = f"hpctorch: finished in {self.wall_s:.1f} s, exit 0 on {where}"
         else:
-            text = f"hpctorch: failed after {self.wall_s:.1f} s (exit {self.exit_code}): {self.failure or 'see above'}"
+            # The failure itself is hpctorch's last line, after this summary and its table: said once.
+            text = f"hpctorch: failed after {self.wall_s:.1f} s (exit {self.exit_code})"
         if self.replaced:
             text += f"; replaced by a hot spare: {hostlist.display(self.nodes[n] for n in self.replaced)}"
         if self.start_s:
