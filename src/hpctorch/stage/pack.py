@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tarfile
 import time
 from collections.abc import Iterator, Sequence
@@ -71,8 +72,7 @@ def pack(roots: Sequence[str], key: str, stage_base: str, skip: Sequence[str] = 
         # Links stay links (a venv's bin/python); the receiver points those into a staged folder at its copy.
         with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
             for index, root in enumerate(roots):
-                left_out = {os.path.join(str(index), os.path.relpath(path, root)) for path in skip if path.startswith(root + "/")}
-                tar.add(root, arcname=str(index), recursive=True, filter=lambda member: None if member.name in left_out else member)
+                _add_tree(tar, root, str(index), [path for path in skip if path.startswith(root + "/")])
         out.file.close()
     except BaseException:
         out.file.close()
@@ -82,6 +82,36 @@ def pack(roots: Sequence[str], key: str, stage_base: str, skip: Sequence[str] = 
     os.replace(temporary, path)
     replace_file(f"{path[:-4]}.json", json.dumps({"size": made.size, "digest": made.digest, "made": time.time()}))
     return made
+
+
+def _add_tree(tar: tarfile.TarFile, root: str, arcname: str, skip: Sequence[str]) -> None:
+    """``root`` into ``tar`` under ``arcname`` (``skip`` left out), as ``tar.add`` would, but from a
+    live environment: a file gone between the listing and its turn (Python replaces a .pyc by a
+    rename) is left out instead of failing the pack, and a file is read from the descriptor its
+    entry was made from (a file replaced meanwhile is packed whole, as it was when opened)."""
+    for folder, dirs, names in os.walk(root):
+        if folder in skip:
+            dirs[:] = []
+            continue
+        relative = os.path.relpath(folder, root)
+        _add_one(tar, folder, arcname if relative == "." else os.path.join(arcname, relative))
+        links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # links stay links: never walked into
+        dirs[:] = sorted(d for d in dirs if d not in links)
+        for name in sorted(names + links):
+            path = os.path.join(folder, name)
+            if path not in skip:
+                _add_one(tar, path, os.path.join(arcname, relative, name) if relative != "." else os.path.join(arcname, name))
+
+
+def _add_one(tar: tarfile.TarFile, path: str, arcname: str) -> None:
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            with open(path, "rb") as handle:
+                tar.addfile(tar.gettarinfo(arcname=arcname, fileobj=handle), handle)
+        else:
+            tar.addfile(tar.gettarinfo(path, arcname))
+    except FileNotFoundError:
+        return  # gone while packing: the copy lacks it, as the environment now does
 
 
 def is_kept(key: str, stage_base: str) -> bool:
