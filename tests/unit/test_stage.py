@@ -111,6 +111,10 @@ def test_a_pack_survives_files_that_go_or_are_replaced_while_it_is_made(tmp_path
     cache = venv / "lib" / "python3.11" / "site-packages" / "pkg" / "__pycache__"
     cache.mkdir()
     (cache / "mod.cpython-311.pyc").write_bytes(b"old" * 1000)
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as listener:  # a socket left in the environment: skipped, as tar.add does
+        listener.bind(str(venv / "lib" / "left.sock"))
     walk = os.walk
 
     def live_walk(top, *args, **kwargs):  # type: ignore[no-untyped-def]

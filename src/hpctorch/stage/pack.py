@@ -108,8 +108,8 @@ def _add_one(tar: tarfile.TarFile, path: str, arcname: str) -> None:
         if stat.S_ISREG(os.lstat(path).st_mode):
             with open(path, "rb") as handle:
                 tar.addfile(tar.gettarinfo(arcname=arcname, fileobj=handle), handle)
-        else:
-            tar.addfile(tar.gettarinfo(path, arcname))
+        elif (info := tar.gettarinfo(path, arcname)) is not None:  # None: a socket, which tar.add skips too
+            tar.addfile(info)
     except FileNotFoundError:
         return  # gone while packing: the copy lacks it, as the environment now does
 
