@@ -12,9 +12,9 @@ from dataclasses import replace
 from ..errors import HpctorchError, os_error_line
 from ..plan.ports import check_master_port
 from ..plan.types import Options, Plan
-from ..schedulers import hostlist
-from . import screening, staging, torchrun
-from .parser import EXIT_USAGE, guard_flags, guard_summary, parser, stage_paths, unrecognized
+from . import screening, small, staging, submitting, torchrun
+from .parser import EXIT_USAGE, guard_summary, parser, stage_paths, unrecognized
+from .script import check_script
 
 
 def _worker_command(args: argparse.Namespace) -> tuple[str, ...]:
@@ -28,24 +28,6 @@ def _worker_command(args: argparse.Namespace) -> tuple[str, ...]:
     if args.module:
         return (sys.executable, "-u", "-m", args.script, *rest)
     return (sys.executable, "-u", args.script, *rest)
-
-
-def _check_script(args: argparse.Namespace) -> None:
-    if args.module or args.script is None:
-        return
-    if getattr(args, "no_python", False):
-        return  # looked up on PATH at exec time
-    if os.path.isdir(args.script):
-        module = args.script.rstrip("/").replace("/", ".")
-        fix = (f"run the package as python -m does: -m {module}" if os.path.isfile(os.path.join(args.script, "__main__.py"))
-               or os.path.isfile(os.path.join(args.script, "__init__.py")) else "give the script's path inside it")
-        raise HpctorchError(f"{args.script!r} is a folder, not a script", fix)
-    if not os.path.isfile(args.script):
-        raise HpctorchError(f"script {args.script!r} not found", "check the path (relative to the current directory)")
-    if kind := torchrun.not_python(args.script):
-        fix = "add --no-python to run it as a command (as torchrun does)" if hasattr(args, "no_python") else \
-            "submit writes jobs for Python scripts: write the job script yourself with 'hpctorch run --no-python'"
-        raise HpctorchError(f"{args.script!r} is {kind}, not a Python script", fix)
 
 
 def _options(args: argparse.Namespace) -> Options:
@@ -178,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..start import launch, simulated
     from ..start.workers import WorkersFailed
 
-    _check_script(args)
+    check_script(args)
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
     if args.quiet and args.verbose:
         raise HpctorchError("--quiet and --verbose ask for opposite things", "give one of them")
@@ -268,7 +250,7 @@ def _leave(code: int) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from ..plan.render import table
 
-    _check_script(args)
+    check_script(args)
     _stall(args)  # run's guards, checked as run checks them, and said with the plan
     if args.stragglers or args.straggler_threshold is not None or any(k.startswith("HPCTORCH_STRAGGLER") for k in os.environ):
         _stragglers(args)  # its module costs a plan 15 ms: only when there is something to check
@@ -296,125 +278,6 @@ def _doctor(args: argparse.Namespace) -> int:
     os._exit(code)
 
 
-def _submit(args: argparse.Namespace) -> int:
-    from ..host import badnodes
-    from ..submit import jobscript
-
-    scheduler = args.scheduler or jobscript.default_scheduler()
-    staged = [*([f"--stage-env={args.stage_env}" if args.stage_env == "try" else "--stage-env"] if args.stage_env else []),
-              *[f"--stage-env={path}" for path in args.stage_paths], *(["--stage-dir", args.stage_dir] if args.stage_dir else [])]
-    run_args = [*(["--iface", args.iface] if args.iface else []), *guard_flags(args), *staged, *(["-m"] if args.module else []), args.script, *args.script_args]
-    _check_script(args)
-    for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--cpus-per-node", args.cpus_per_node), ("--nproc-per-node", args.nproc_per_node)):
-        if value is not None and value < 1:
-            raise HpctorchError(f"{flag} {value} is not a count", f"give {flag} 1 or more, or leave it out")
-    request = jobscript.JobRequest(
-        command=tuple(run_args),
-        nodes=args.nodes,
-        time_s=jobscript.parse_time(args.time),
-        nproc_per_node=args.nproc_per_node,
-        gpus_per_node=args.gpus_per_node,
-        cpus_per_node=args.cpus_per_node,
-        partition=args.partition,
-        account=args.account,
-        job_name=args.job_name,
-        output=args.output,
-        preempt=jobscript.parse_signal(args.preempt_signal) if args.preempt_signal else None,
-        requeue=args.requeue,
-        extra=tuple(args.extra),
-        exclude=(),
-    )
-    listed = badnodes.names(os.environ)
-    known = jobscript.known_nodes(scheduler) if listed else None
-    request = replace(request, exclude=tuple(n for n in listed if known is None or n in known))
-    foreign = f"; {len(listed) - len(request.exclude)} more on the list are not {scheduler}'s nodes here" if len(request.exclude) < len(listed) else ""
-    if request.exclude:
-        how = jobscript.EXCLUDES.get(scheduler)
-        shown = f"{hostlist.display(list(request.exclude))} (hpctorch badnodes list)"
-        print(f"hpctorch submit: leaving out {len(request.exclude)} bad node(s) with {how}: {shown}{foreign}" if how else
-              f"hpctorch submit: {scheduler} has no option to leave nodes out: {shown} not excluded", file=sys.stderr)
-    elif foreign:
-        print(f"hpctorch submit: none of the {len(listed)} bad node(s) on the list are {scheduler}'s nodes here", file=sys.stderr)
-    template = None
-    if args.template:
-        try:
-            with open(args.template, encoding="utf-8") as source:
-                template = source.read()
-        except OSError as exc:
-            raise HpctorchError(f"cannot read --template {args.template}: {exc.strerror}", "check the path") from None
-    text = jobscript.render(request, scheduler, template)
-    if args.dry_run:
-        sys.stdout.write(text)
-        return 0
-    path = args.job_script or _new_script_path(args.job_name, scheduler)
-    if os.path.exists(path):
-        with open(path, encoding="utf-8", errors="replace") as existing:
-            if "Written by hpctorch submit" not in existing.read(4096):
-                raise HpctorchError(f"{path} exists and is not a job script hpctorch wrote", "pass --job-script with a new file name")
-    with open(path, "w", encoding="utf-8") as script:
-        script.write(text)
-    os.chmod(path, 0o755)
-    if args.cpus_per_node is None:
-        print("hpctorch submit: no --cpus-per-node: each rank gets the scheduler's default CPUs (one, on many shared nodes); "
-              "give --cpus-per-node N for data loaders and threads", file=sys.stderr)
-    job_id = jobscript.submit(path, scheduler)
-    logs = (request.output or jobscript.DEFAULT_OUTPUT[scheduler] or f"{args.job_name}.o<id>")
-    logs = logs.replace("%x", args.job_name).replace("%j", job_id).replace("%J", job_id).replace("{{id}}", job_id).replace("<id>", job_id)
-    print(f"submitted {scheduler} job {job_id}; script: {path}; logs: {logs}")
-    return 0
-
-
-def _new_script_path(job_name: str, scheduler: str) -> str:
-    """hpctorch-NAME.SCHEDULER.sh, or with -2, -3... where an earlier submit left one: each job
-    keeps the script it ran."""
-    path, count = f"hpctorch-{job_name}.{scheduler}.sh", 1
-    while os.path.exists(path):
-        count += 1
-        path = f"hpctorch-{job_name}-{count}.{scheduler}.sh"
-    return path
-
-
-def _badnodes(args: argparse.Namespace) -> int:
-    import time
-
-    from ..host import badnodes
-
-    names = [n for arg in getattr(args, "names", []) for part in arg.replace(",", " ").split() for n in hostlist.expand(part)]
-    if args.action == "add":
-        badnodes.add(os.environ, names, args.reason)
-    elif args.action == "remove":
-        badnodes.remove(os.environ, names)
-    elif args.action == "clear":
-        badnodes.clear(os.environ)
-    else:
-        entries = badnodes.current(os.environ)
-        lasts = badnodes.days(os.environ) * 86400
-
-        def shown(seconds: float) -> str:
-            return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
-
-        if entries:
-            print("node\tadded\tuntil\tjob\treason")
-        for entry in entries:
-            print(f"{entry.node}\t{shown(entry.time)}\t{shown(entry.time + lasts)}\t{entry.job or '-'}\t{entry.reason}")
-        sys.stdout.flush()  # the table, then the count: never on one line of a terminal
-        print(f"{len(entries)} bad node(s) in {badnodes.path(os.environ)} (each left out of your jobs for "
-              f"{lasts / 86400:g} days, {badnodes.DAYS_ENV})", file=sys.stderr)
-    return 0
-
-
-def _hostlist(args: argparse.Namespace) -> int:
-    if args.action == "expand":
-        print("\n".join(hostlist.expand(args.expr)))
-    else:
-        if not args.names and sys.stdin.isatty():
-            raise HpctorchError("hostlist compress: no names given", "give the names (hpctorch hostlist compress n1 n2) or pipe them in")
-        given = args.names if args.names and args.names != ["-"] else [sys.stdin.read()]  # none or "-": names on stdin
-        names = [n for arg in given for n in arg.replace(",", " ").split()]
-        print(hostlist.compress(names))
-    return 0
-
-
 def _whole_lines(stream) -> None:  # type: ignore[no-untyped-def]
     """Under PYTHONUNBUFFERED, print writes a line and its newline apart, and the lines of the
     ranks of one srun or mpiexec step then meet mid-line: each line goes out in one write."""
@@ -425,22 +288,12 @@ def _whole_lines(stream) -> None:  # type: ignore[no-untyped-def]
             pass
 
 
-def version_line() -> str:
-    """hpctorch's version, the torch it would run (read without importing it) and the Python."""
-    from .. import __file__ as package, __version__
-    from ..stage.storeclient import installed_torch
-
-    torch = installed_torch()
-    return (f"hpctorch {__version__} ({os.path.dirname(package)}), torch {torch or 'not installed'}, "
-            f"Python {sys.version.split()[0]} ({sys.executable})")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     _whole_lines(sys.stderr)
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         if argv[:1] in (["--version"], ["-V"]):
-            print(version_line())
+            print(small.version_line())
             return 0
         command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "stacks", "hostlist", "badnodes") else None
         top = parser(command)
@@ -450,8 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.argv = argv
         if getattr(args, "stage_paths", None) and not args.stage_env:
             args.stage_env = "on"  # --stage-env=DIR alone
-        handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": _submit, "stacks": _stacks, "hostlist": _hostlist,
-                   "badnodes": _badnodes}[args.command]
+        handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": submitting.submit, "stacks": _stacks,
+                   "hostlist": small.hostlist_command, "badnodes": small.badnodes}[args.command]
         return handler(args)
     except HpctorchError as exc:
         if exc.cause:  # no cause: another node said it for the job (the screen's verdict)
