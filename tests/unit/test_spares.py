@@ -126,6 +126,18 @@ def _handler(seat: spares.Seat, port: int, seats: int):  # type: ignore[no-untyp
     return rendezvous_handler_registry.create_handler(params)
 
 
+def _until_waiting(seated, spare) -> None:  # type: ignore[no-untyped-def]
+    """Until the spare's handler waits in torch's redundancy list (torch's rendezvous state, read
+    through the seated node's handler): an event, not a window that must be long enough."""
+    deadline = time.monotonic() + 60
+    while True:
+        seated._state_holder.sync()
+        if spare._this_node in seated._state_holder.state.redundancy_list:
+            return
+        assert time.monotonic() < deadline, "the spare never waited in torch's redundancy list"
+        time.sleep(0.1)
+
+
 def test_a_spare_waits_in_torch_s_rendezvous_and_moves_in_when_the_failed_node_leaves(capsys) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
     server = _store(port, True)  # noqa: F841
@@ -139,7 +151,7 @@ def test_a_spare_waits_in_torch_s_rendezvous_and_moves_in_when_the_failed_node_l
     moved: list[object] = []
     waiting = threading.Thread(target=lambda: moved.append(spare_handler.next_rendezvous()), daemon=True)
     waiting.start()
-    time.sleep(3)
+    _until_waiting(kept_handler, spare_handler)
     assert not moved and not spare.joined  # in torch's redundancy list while the seat is taken
     kept.failed(object(), {0: _failure(0, -9)})
     with pytest.raises(spares.Replaced) as left:
@@ -171,7 +183,7 @@ def test_a_spare_never_needed_leaves_when_the_job_closes_the_rendezvous() -> Non
 
     waiting = threading.Thread(target=wait, daemon=True)
     waiting.start()
-    time.sleep(2)
+    _until_waiting(kept_handler, spare_handler)
     kept_handler.shutdown()  # the job finished: torch's launch_agent closes the rendezvous
     waiting.join(timeout=60)
     assert outcome and isinstance(outcome[0], spares.SpareDone), outcome
