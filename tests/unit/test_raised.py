@@ -62,3 +62,14 @@ def test_a_death_outranks_the_errors_it_causes_within_its_second(tmp_path: Path)
     error = errors.ChildFailedError("train", {0: _failure(tmp_path, 0, 1, 100, 100.4), 2: _failure(tmp_path, 2, -9, 100)})
     assert first_failure(error)[0] == 2
     assert os.path.exists(error.failures[0].error_file)
+
+
+def test_without_a_raised_rank_torchs_choice_stands(tmp_path: Path) -> None:
+    # The 2-node restart test (CI2): rank 3 exited 3, rank 2 was stopped by SIGTERM in the same second.
+    error = errors.ChildFailedError("train", {3: _failure(tmp_path, 3, 3, 100), 2: _failure(tmp_path, 2, -15, 100)})
+    assert first_failure(error) == error.get_first_failure()
+
+
+def test_a_rank_stopped_by_sigterm_never_outranks_a_rank_that_raised(tmp_path: Path) -> None:
+    error = errors.ChildFailedError("train", {0: _failure(tmp_path, 0, -15, 99), 1: _failure(tmp_path, 1, 1, 101, 100.5)})
+    assert first_failure(error)[0] == 1

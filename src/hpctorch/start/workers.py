@@ -202,14 +202,18 @@ def _leave_out(plan: Plan, nodes: Sequence[str]) -> str | None:
 
 
 def first_failure(error):  # type: ignore[no-untyped-def]
-    """torch's ChildFailedError's first failure, by when each rank failed: a rank that raised, when
-    its error file says (it may have been stopped on its way out, after the peers its exception
-    broke had exited), any other when torch saw it fail (whole seconds, rounded down: within the
-    same second a death outranks the errors it causes)."""
+    """torch's ChildFailedError's first failure. Where no rank raised, torch's own choice. Where one
+    did, by when each failed: a rank that raised, when its error file says (it may have been stopped
+    on its way out, after the peers its exception broke had exited), any other when torch saw it
+    fail (whole seconds, rounded down: within the same second a death outranks the errors it
+    causes); a rank stopped by SIGTERM (how torch stops workers) never outranks another failure."""
     from .raised import raised_at
 
-    when = {rank: raised_at(failure.error_file) or float(failure.timestamp) for rank, failure in error.failures.items()}
-    rank = min(when, key=lambda r: (when[r], r))
+    raised = {rank: at for rank, failure in error.failures.items() if (at := raised_at(failure.error_file)) is not None}
+    if not raised:
+        return error.get_first_failure()
+    causes = [r for r, f in error.failures.items() if r in raised or f.exitcode != -signal.SIGTERM] or list(error.failures)
+    rank = min(causes, key=lambda r: (raised.get(r, float(error.failures[r].timestamp)), r in raised))
     return rank, error.failures[rank]
 
 
