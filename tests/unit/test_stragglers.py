@@ -288,16 +288,21 @@ def test_fsdp2s_collectives_are_timed(tmp_path) -> None:  # type: ignore[no-unty
         assert count >= 3 * 2, out  # an all-gather per layer forward, a reduce-scatter per layer backward
 
 
+def _listing_watch(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """Node 0's watch of one 3-rank node, its lines kept, its bad-node list the test's own."""
+    monkeypatch.setenv("HPCTORCH_BAD_NODES", str(tmp_path / "bad.jsonl"))
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    said: list[str] = []
+    return folder, said, stragglers.Watch(plan(3), Settings(0.2, 10), str(folder), say=said.append)
+
+
 def test_a_rank_slow_for_two_windows_without_evidence_about_its_node_is_named_never_listed(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A rank that computes more for its role (a pipeline's last stage, the issue's case) looks like
     a slow node in time shares alone: named, and said why it is not listed; the list is left alone."""
     from hpctorch.host import badnodes
 
-    monkeypatch.setenv("HPCTORCH_BAD_NODES", str(tmp_path / "bad.jsonl"))
-    folder = tmp_path / "ranks"
-    folder.mkdir()
-    said: list[str] = []
-    watch = stragglers.Watch(plan(3), Settings(0.2, 10), str(folder), say=said.append)
+    folder, said, watch = _listing_watch(tmp_path, monkeypatch)
     inside = [0.0, 0.0, 0.0]
     for t in range(0, 61, 5):
         for local in range(3):
@@ -316,11 +321,7 @@ def test_a_node_goes_on_the_bad_node_list_only_after_two_windows_on_end(tmp_path
     by its CPU quota for two windows on end is listed, once."""
     from hpctorch.host import badnodes
 
-    monkeypatch.setenv("HPCTORCH_BAD_NODES", str(tmp_path / "bad.jsonl"))
-    folder = tmp_path / "ranks"
-    folder.mkdir()
-    said: list[str] = []
-    watch = stragglers.Watch(plan(3), Settings(0.2, 10), str(folder), say=said.append)
+    folder, said, watch = _listing_watch(tmp_path, monkeypatch)
     inside = [0.0, 0.0, 0.0]
     for t in range(0, 61, 5):
         slow = 5 <= t <= 15 or t >= 30  # a short spell, a break, then for good
