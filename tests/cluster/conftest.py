@@ -22,34 +22,16 @@ spin for 2 cores and who gets them decides the CPU figures (a balanced run once 
 0.44x the median in CI). Real nodes do not share cores; one thread each makes the shares even here."""
 
 
-SHARED = "HPCTORCH_TEST_CLUSTER_SHARED"
-"""Set by scripts/run-tests: 1 once it built the cluster for every test process (pytest-xdist's
-workers), which then use it (run-tests tears it down at the end); else why it could not."""
-
-
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    nodes = int(os.environ.get("HPCTORCH_CLUSTER_NODES", "2"))
-    shared = os.environ.get(SHARED)
-    if shared == "1":
-        yield Cluster(nodes).attach()
-        return
-    require(not shared, f"the test cluster could not be built: {shared}")
     missing = missing_requirements()
     require(not missing, f"the test cluster needs {', '.join(missing)}")
+    nodes = int(os.environ.get("HPCTORCH_CLUSTER_NODES", "2"))
     built = Cluster(nodes).up()
     try:
         yield built
     finally:
         built.down()
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """One module's cluster tests stay in one test process (``--dist loadgroup``): its module
-    fixtures (a staging folder, a small environment) are built once, and its jobs run one at a time."""
-    for item in items:
-        if item.get_closest_marker("cluster") is not None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture

@@ -105,7 +105,7 @@ class Cluster:
         # Each command's jobs keep their own bad-node list (unless the test names one): a node one
         # job named (a straggler, a screen) must not leave the next test's job without nodes.
         self._lists += 1
-        env["HPCTORCH_BAD_NODES"] = str(self.dir / f"bad-nodes-{os.getpid()}-{self._lists}.jsonl")
+        env["HPCTORCH_BAD_NODES"] = str(self.dir / f"bad-nodes-{self._lists}.jsonl")
         env.update(extra)
         return env
 
@@ -155,12 +155,6 @@ class Cluster:
         ]
 
     # ---- life cycle ------------------------------------------------------
-    def attach(self) -> "Cluster":
-        """The cluster another process built (``up``) and will tear down, once Slurm answers for
-        every node (other test processes' jobs may be running on them)."""
-        self._wait_idle(serving=("idle", "mix", "alloc", "comp"))
-        return self
-
     def up(self) -> "Cluster":
         self.down()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -295,14 +289,14 @@ PartitionName=wide Nodes={every} MaxTime=60 State=UP OverSubscribe=FORCE:8
         )
         agent.chmod(0o755)
 
-    def _wait_idle(self, timeout: float = 60, serving: tuple[str, ...] = ("idle",)) -> None:
+    def _wait_idle(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         states = ""
         while time.monotonic() < deadline:
             done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.env(), timeout=10)
             states = done.stdout.strip()
             seen = dict(line.split()[:2] for line in states.splitlines() if len(line.split()) >= 2)  # a node per partition
-            if len(seen) == len(self.all_names) and all(state in serving for state in seen.values()):
+            if len(seen) == len(self.all_names) and all(state == "idle" for state in seen.values()):
                 return
             time.sleep(0.5)
         raise RuntimeError(f"Slurm nodes not idle after {timeout:.0f} s: {states!r}; see {self.dir}/*.log")

@@ -97,7 +97,6 @@ def test_a_killed_worker_ends_the_whole_job(cluster: Cluster, job_dir: Path, vic
     print(f"teardown after kill -9 of rank {victim}: {elapsed:.1f} s")
 
 
-@pytest.mark.serial  # takes node2's link down: alone (scripts/run-tests)
 def test_a_vanished_node_is_noticed_and_named(cluster: Cluster, job_dir: Path) -> None:
     job = Job(cluster, job_dir)
     frozen: list[int] = []

@@ -19,7 +19,7 @@ from .conftest import ONE_THREAD, PYTHON
 from .harness import Cluster
 from .test_screen_cluster import shaped
 
-pytestmark = [pytest.mark.cluster, pytest.mark.serial]  # shapes links, throttles CPUs or judges CPU shares: alone (scripts/run-tests)
+pytestmark = pytest.mark.cluster
 HPCTORCH = f"{PYTHON} -m hpctorch"
 REPORT = str(ROOT / "tests" / "fixtures" / "report.py")
 

@@ -16,7 +16,7 @@ from ..conftest import unprefixed
 from .conftest import ONE_THREAD, PYTHON, TOY, toy_ranks
 from .harness import Cluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.serial]  # shapes links, throttles CPUs or judges CPU shares: alone (scripts/run-tests)
+pytestmark = pytest.mark.cluster
 HPCTORCH = f"{PYTHON} -m hpctorch"
 SHAPED = "20mbit"
 
