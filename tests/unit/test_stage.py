@@ -432,3 +432,72 @@ def test_what_the_started_processes_inherit(tmp_path: Path) -> None:
     assert env["LD_LIBRARY_PATH"] == f"{copy}/lib:/opt/lib"
     assert env["VIRTUAL_ENV"] == str(copy)
     assert staged.python(env) == f"{copy}/bin/python" and staged.pythons(env) == (sys.executable, sys.executable)
+
+
+def test_the_staged_interpreter_must_lie_inside_the_copy(tmp_path: Path) -> None:
+    """A key record naming a program elsewhere (/tmp/evil.sh) would have the node run it."""
+    from hpctorch.stage import node
+
+    venv = make_env(tmp_path / "venv", tmp_path / "base")
+    (tmp_path / "stage").mkdir()
+    made = pack.pack([str(venv)], "key", str(tmp_path / "stage"))
+    copies_dir = tmp_path / "copies"
+    copies_dir.mkdir(mode=0o700)
+    unpack.receive(made.chunks(), str(copies_dir), "key", [str(venv)], made.size, made.digest)
+    (venv / "bin" / "real").write_text("#!/bin/sh\n")
+    (copies_dir / "key" / "0" / "bin" / "real").write_text("#!/bin/sh\n")
+    assert node._staged(str(copies_dir), "key", str(venv / "bin" / "real")).python == str(copies_dir / "key" / "0" / "bin" / "real")
+    evil = tmp_path / "evil.sh"
+    evil.write_text("#!/bin/sh\n")
+    for named in (str(evil), str(venv / "bin" / ".." / ".." / "evil.sh"), str(venv / "bin" / "missing")):
+        with pytest.raises(node._Problem, match="does not lie inside its copy"):
+            node._staged(str(copies_dir), "key", named)
+
+
+
+@pytest.mark.parametrize("builtin", [True, False], ids=["tarfiles-filter", "hpctorchs-own-rules"])
+def test_a_pack_whose_members_leave_the_copy_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, builtin: bool) -> None:
+    """The same refusals with tarfile's "tar" filter and, on a Python without one (Debian 12's
+    3.11.2), hpctorch's own rules: an absolute name, ../, a file through a link to outside, a hard
+    link to outside; the copy is never made, nothing lands outside."""
+    import io
+    import tarfile
+
+    if not builtin:
+        monkeypatch.delattr(tarfile, "tar_filter", raising=False)
+    elif not hasattr(tarfile, "tar_filter"):
+        pytest.skip("this Python has no tar filter")
+
+    def packed(*members: tuple[str, str, str]) -> bytes:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w|") as tar:
+            for kind, name, target in members:
+                info = tarfile.TarInfo(name)
+                if kind == "file":
+                    info.size = len(target)
+                    tar.addfile(info, io.BytesIO(target.encode()))
+                else:
+                    info.type, info.linkname = (tarfile.SYMTYPE if kind == "sym" else tarfile.LNKTYPE), target
+                    tar.addfile(info)
+        return buffer.getvalue()
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    copies_dir = tmp_path / "copies"
+    copies_dir.mkdir(mode=0o700)
+    cases = {"absolute": [("file", str(outside / "abs"), "x")], "up": [("file", "0/../../outside/up", "x")],
+             "through-a-link": [("sym", "0/away", str(outside)), ("file", "0/away/through", "x")],
+             "hard-link": [("hard", "0/h", str(outside / "f"))]}
+    for case, members in cases.items():
+        data = packed(*members)
+        try:
+            unpack.receive([data], str(copies_dir), case, [str(tmp_path / "venv")], len(data), hashlib.sha256(data).hexdigest())
+        except unpack.UnpackError:
+            pass
+        else:  # tarfile's filter strips an absolute name's leading "/": inside the copy, as hpctorch's rules refuse it
+            assert builtin and case == "absolute", case
+        assert list(outside.iterdir()) == [], case
+        assert unpack.ready(str(copies_dir), case) == (builtin and case == "absolute"), case
+    data = packed(("file", "0/ok", "fine"), ("sym", "0/link", "ok"))
+    unpack.receive([data], str(copies_dir), "fine", [str(tmp_path / "venv")], len(data), hashlib.sha256(data).hexdigest())
+    assert (copies_dir / "fine" / "0" / "link").read_text() == "fine"

@@ -29,6 +29,7 @@ from ..plan.types import Plan
 from ..progress import Progress
 from ..schedulers import hostlist
 from ..terminal import printable
+from . import authority
 from .sharedfiles import BeatingFiles
 
 POLL_S = 0.05
@@ -157,6 +158,7 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
                 f"cannot serve the rendezvous store on port {plan.master_port}: {str(exc).splitlines()[0]}",
                 "pass another --master-port, or stop the process that holds it (ss -ltnp)",
             ) from None
+        store = authority.sealed(store, plan, timeout_s, serve=True)
         _publish(store, plan.node_rank, mine)
     stored: dict[int, dict] = {plan.node_rank: mine} if plan.is_master else {}
     pause = POLL_S
@@ -171,9 +173,15 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
             if store is None and network.connect(plan.master_addr, plan.master_port, max(POLL_S, min(CONNECT_TIMEOUT_S, deadline - time.monotonic())))["ok"]:
                 try:
                     store = open_store(plan, max(1.0, deadline - time.monotonic()))
-                    _publish(store, plan.node_rank, mine)
                 except Exception:  # noqa: BLE001 - not a store, or gone again: keep waiting
                     store = None
+                if store is not None:
+                    # A store that answers but does not authenticate is someone else's: no waiting it out.
+                    store = authority.sealed(store, plan, max(1.0, deadline - time.monotonic()), serve=False)
+                    try:
+                        _publish(store, plan.node_rank, mine)
+                    except Exception:  # noqa: BLE001 - gone again: keep waiting
+                        store = None
             if store is not None:
                 try:
                     verdict = _judge(store, plan, stored) if plan.is_master else _verdict(store)
@@ -221,7 +229,7 @@ def waiting_for(plan: Plan, connected: bool, stored: Mapping[int, object]) -> st
 
 def _publish(store, node: int, mine: Mapping[str, object]) -> None:  # type: ignore[no-untyped-def]
     store.set(f"{STORE_PREFIX}{node}", json.dumps(mine))
-    store.append(STORE_PREFIX + "arrived", f"{node},")
+    authority.plain(store).append(STORE_PREFIX + "arrived", f"{node},")
 
 
 def _acknowledge(store, plan: Plan, heard: int) -> None:  # type: ignore[no-untyped-def]
@@ -248,7 +256,7 @@ def _verdict(store) -> str | None:  # type: ignore[no-untyped-def]
 def _judge(store, plan: Plan, stored: dict[int, dict]) -> str | None:  # type: ignore[no-untyped-def]
     """Node 0: read the records that arrived since last time; once all are in, or one
     differs, publish the verdict for every node."""
-    arrived = {int(n) for n in store.get(STORE_PREFIX + "arrived").decode().split(",") if n}
+    arrived = {int(n) for n in authority.plain(store).get(STORE_PREFIX + "arrived").decode().split(",") if n.isdigit()}
     new = sorted(arrived - set(stored))
     mine = stored[plan.node_rank]
     differs = False

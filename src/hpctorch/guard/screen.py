@@ -23,7 +23,7 @@ from ..errors import HpctorchError
 from ..host import network
 from ..plan.types import Plan
 from ..terminal import printable
-from . import judge, measure, ringlink
+from . import authority, judge, measure, ringlink
 
 BUDGET_S = 15.0
 """The most a screen takes once every node arrived, whatever the node count."""
@@ -82,19 +82,22 @@ def connect(plan: Plan, timeout_s: float, serve: bool | None = None, what: str =
 
     if plan.is_master if serve is None else serve:
         try:
-            return open_store(plan, timeout_s)
+            served = open_store(plan, timeout_s)
         except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
             raise HpctorchError(f"cannot serve the store for {what} on port {plan.master_port}: {str(exc).splitlines()[0]}",
                                 "pass another --master-port, or stop the process that holds it (ss -ltnp)") from None
+        return authority.sealed(served, plan, timeout_s, serve=True)
     deadline = time.monotonic() + timeout_s
     pause = POLL_S
     while time.monotonic() < deadline:
         # A plain connect first: torch's store client logs a C++ trace for every refusal.
         if network.connect(plan.master_addr or "", plan.master_port, min(2.0, max(0.1, deadline - time.monotonic())))["ok"]:
             try:
-                return open_store(plan, max(1.0, deadline - time.monotonic()), serve=False)
+                reached = open_store(plan, max(1.0, deadline - time.monotonic()), serve=False)
             except Exception:  # noqa: BLE001 - not up yet, or gone again
-                pass
+                reached = None
+            if reached is not None:  # a store that does not authenticate is someone else's: no waiting it out
+                return authority.sealed(reached, plan, max(1.0, deadline - time.monotonic()), serve=False)
         time.sleep(pause)
         pause = min(pause * 1.5, POLL_MAX_S)
     raise HpctorchError(f"could not reach node 0's store at {plan.master_addr}:{plan.master_port} for {what} within {timeout_s:.0f} s",
@@ -117,7 +120,7 @@ def run(plan: Plan, store, threshold: float, use_gpus: bool, prefix: str, wait_s
     try:
         record, go = _measure(plan, store, prefix, lambda: local(use_gpus), ring and plan.nnodes > 1, started + wait_s, budget_s, listeners)
         store.set(f"{prefix}record/{plan.node_rank}", json.dumps(record))
-        store.append(prefix + "arrived", f"{plan.node_rank},")
+        authority.plain(store).append(prefix + "arrived", f"{plan.node_rank},")
         if plan.is_master:
             return _judge(plan, store, prefix, threshold, started, go, go + budget_s, record, spares, listeners)
         return _verdict(plan, store, prefix, started, go + budget_s + VERDICT_AFTER_S)
@@ -195,7 +198,7 @@ def _judge(plan: Plan, store, prefix: str, threshold: float, started: float, go:
     records: dict[int, dict[str, Any]] = {plan.node_rank: mine}
     pause = POLL_S
     while len(records) < plan.nnodes and time.monotonic() < until:
-        arrived = {int(n) for n in store.get(prefix + "arrived").decode().split(",") if n}
+        arrived = {int(n) for n in authority.plain(store).get(prefix + "arrived").decode().split(",") if n.isdigit()}
         new = sorted(arrived - set(records))
         if new:
             values = store.multi_get([f"{prefix}record/{n}" for n in new])

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from .. import progress, staged
 from ..errors import HpctorchError
+from ..guard import authority
 from ..host import folders
 from ..plan.types import Plan
 from . import environment, pack, spread, storeclient, unpack
@@ -123,7 +124,8 @@ def open_store(plan: Plan, serve: bool):  # type: ignore[no-untyped-def]
 
     if not serve and storeclient.speaks_with(storeclient.installed_torch()):
         try:
-            return storeclient.connect(plan.master_addr or "", plan.master_port, plan.rdzv_timeout)
+            client = storeclient.connect(plan.master_addr or "", plan.master_port, plan.rdzv_timeout)
+            return authority.sealed(client, plan, plan.rdzv_timeout, serve=False)
         except storeclient.ProtocolMismatch as exc:
             print(f"hpctorch: node 0's store answers in another torch's way ({exc}): torch is imported here to reach it",
                   file=sys.stderr, flush=True)
@@ -190,12 +192,14 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
     deadline = time.monotonic() + settings.timeout_s
     outcome: Staged | str
     try:
-        if me == 0:
+        if me == 0:  # node 0 acts on its own values, never on what the store gives back
             source = environment.source(settings.extra)
             walked = environment.key(source.roots, source.skip)
-            store.set(prefix + "key", json.dumps({"key": walked.digest, "roots": source.roots, "skip": source.skip, "python": source.python,
-                                                  "files": walked.files, "size": walked.size}))
-        named = _given(spread.wait_for(store, prefix + "key", deadline, "node 0 to name the environment"))
+            named = {"key": walked.digest, "roots": source.roots, "skip": source.skip, "python": source.python,
+                     "files": walked.files, "size": walked.size}
+            store.set(prefix + "key", json.dumps(named))
+        else:
+            named = _given(spread.wait_for(store, prefix + "key", deadline, "node 0 to name the environment"))
         key = named["key"]
         have = unpack.ready(copies_dir, key)
         if not have:
@@ -209,8 +213,10 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
             made = pack.pack(named["roots"], key, base, named["skip"]) if lacking else None
             import secrets  # node 0 alone: the other nodes import nothing they do not need before their copy is there
 
-            store.set(prefix + "pack", json.dumps({"size": made.size, "digest": made.digest, "token": secrets.token_hex(16)} if made else {}))
-        sent = _given(spread.wait_for(store, prefix + "pack", deadline, "node 0's pack"))
+            sent = {"size": made.size, "digest": made.digest, "token": secrets.token_hex(16)} if made else {}
+            store.set(prefix + "pack", json.dumps(sent))
+        else:
+            sent = _given(spread.wait_for(store, prefix + "pack", deadline, "node 0's pack"))
         if sent:
             _spread(plan, settings, store, prefix, sent, named, copies_dir, have, made if me == 0 else None, deadline)
         outcome = _staged(copies_dir, key, named["python"])
@@ -300,8 +306,14 @@ def _decide(plan: Plan, settings: Settings, outcome: Staged | str, verdict: dict
 
 
 def _staged(copies_dir: str, key: str, python: str) -> Staged:
+    """The copy of ``key``, whose interpreter must lie inside it: a key record naming any other
+    program would have this node run it."""
     copies = dict(unpack.copies_of(copies_dir, key))
-    return Staged(staged.map_with(copies, python), copies, key)
+    interpreter = staged.map_with(copies, os.path.normpath(python))
+    folder = os.path.join(copies_dir, key)
+    if os.path.commonpath([folder, interpreter]) != folder or not os.path.isfile(interpreter):
+        raise _Problem(f"the environment's interpreter {python} does not lie inside its copy {folder}")
+    return Staged(interpreter, copies, key)
 
 
 def _line(exc: BaseException) -> str:

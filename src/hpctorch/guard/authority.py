@@ -1,0 +1,351 @@
+"""Only this user's job: every record that steers a node is authenticated.
+
+Anyone who reaches node 0's port can read and write torch's TCPStore, and the port is derived
+from the job id: another user on node 0 can bind it first and *be* node 0. So node 0 makes a
+secret for the run and hands it only to processes of the same user, through what the site
+already trusts, and every record a node acts on carries an HMAC-SHA256 of the run, the key and
+the value under that secret (``Seal``; ``SealedStore`` seals and checks transparently):
+
+- ``munge``: node 0 puts a MUNGE credential in the store, restricted to its own uid (munge -U),
+  whose payload names the run, the master endpoint and the secret. A node accepts it only if
+  munged decodes it, says it was made by this node's uid (a credential made by anyone else says
+  so), and the payload names this node's run and endpoint (a credential of another run, or
+  replayed at another port, does not). Slurm sites run munged on every node.
+- ``file``: without a MUNGE daemon, the secret in a 0600 file in this user's own 0700 folder of
+  the home directory, which clusters share across nodes (one machine trivially): the path is
+  derived from the run id, never read from the store; the store holds only a MAC of the binding.
+
+Counters (``add``: beats, arrivals) and appended lists are not sealed: a stranger can make them
+lie about liveness or stall a run, not make a node run anything. torch's own rendezvous keys
+are torch's protocol, outside this (the threat model in the README).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+
+from ..errors import HpctorchError
+from ..host.folders import private_dir, why_unsafe
+from ..plan.types import Plan
+
+MAC_HEX = 32
+"""128 bits of HMAC-SHA256: forging one is 2^128 tries, each a round trip to the store."""
+TAG = b"hpct1:"
+MUNGE_TIMEOUT_S = 10.0
+MUNGE_TTL_S = 3600
+"""A node may read node 0's credential minutes after it was made (staging, a slow start)."""
+SECRET_ENV = "HPCTORCH_JOB_SECRET"
+"""Set by hpctorch for the processes it starts (simulated nodes, workers' helpers): they inherit
+the secret instead of asking for it again."""
+
+
+class AuthError(HpctorchError):
+    """A record, or node 0 itself, did not authenticate: one line, what was found."""
+
+
+class Seal:
+    """HMAC-SHA256 under the run's secret, over the run id, the key and the value."""
+
+    def __init__(self, secret: bytes, run_id: str, mechanism: str) -> None:
+        self._secret, self.run_id, self.mechanism = secret, run_id, mechanism
+
+    def tag(self, key: str, value: bytes) -> bytes:
+        body = b"\0".join((self.run_id.encode(), key.encode(), value))
+        return hmac.new(self._secret, body, hashlib.sha256).hexdigest()[:MAC_HEX].encode()
+
+    def seal(self, key: str, value: str | bytes) -> bytes:
+        data = value.encode() if isinstance(value, str) else value
+        return TAG + self.tag(key, data) + b":" + data
+
+    def open(self, key: str, sealed: bytes) -> bytes:
+        """The value, once its tag checks; else AuthError naming the key."""
+        if not sealed.startswith(TAG) or len(sealed) < len(TAG) + MAC_HEX + 1:
+            raise AuthError(f"the record {key} in node 0's store carries no hpctorch seal: someone other than this job wrote it",
+                            _FIX)
+        tag, data = sealed[len(TAG):len(TAG) + MAC_HEX], sealed[len(TAG) + MAC_HEX + 1:]
+        if not hmac.compare_digest(tag, self.tag(key, data)):
+            raise AuthError(f"the record {key} in node 0's store is not sealed with this job's secret: someone other than this "
+                            "job wrote it", _FIX)
+        return data
+
+    def exported(self) -> dict[str, str]:
+        """The environment that hands this seal to processes this one starts (same user)."""
+        return {SECRET_ENV: f"{self.run_id}:{self.mechanism}:{self._secret.hex()}"}
+
+
+_FIX = ("if another user shares these nodes, ask them to stop; hpctorch starts no worker on records it cannot "
+        "authenticate (see 'Only your own job' in the README)")
+
+
+class SealedStore:
+    """A store whose values are sealed on the way in and checked on the way out; counters,
+    appends, checks and waits pass through."""
+
+    def __init__(self, store, seal: Seal) -> None:  # type: ignore[no-untyped-def]
+        self.store, self.seal_ = store, seal
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.store.set(key, self.seal_.seal(key, value))
+
+    def get(self, key: str) -> bytes:
+        return self.seal_.open(key, bytes(self.store.get(key)))
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        return [self.seal_.open(key, bytes(value)) for key, value in zip(keys, self.store.multi_get(list(keys)))]
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        """``expected`` "" means unset, as in torch; the value now there, checked."""
+        sealed_expected = self.seal_.seal(key, expected) if expected not in ("", b"") else expected
+        now = bytes(self.store.compare_set(key, sealed_expected, self.seal_.seal(key, desired)))
+        return self.seal_.open(key, now)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.store, name)
+
+
+def plain(store):  # type: ignore[no-untyped-def]
+    """The store under a seal, for what is never sealed: appended lists, counters."""
+    return store.store if isinstance(store, SealedStore) else store
+
+
+# ---- the secret --------------------------------------------------------------------------
+
+_made: dict[str, Seal] = {}
+
+
+def node0_seal(run_id: str, env: Mapping[str, str] | None = None) -> Seal:
+    """Node 0's seal for ``run_id``: inherited from the process that started this one, else
+    made once per process (every store node 0 serves in this run shares it)."""
+    inherited = inherited_seal(run_id, env)
+    if inherited is not None:
+        return inherited
+    if run_id not in _made:
+        _made[run_id] = Seal(secrets.token_bytes(32), run_id, "munge" if munge_works() else "file")
+    return _made[run_id]
+
+
+def inherited_seal(run_id: str, env: Mapping[str, str] | None = None) -> Seal | None:
+    value = (os.environ if env is None else env).get(SECRET_ENV, "")
+    parts = value.rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != run_id or not re.fullmatch(r"[0-9a-f]{64}", parts[2]):
+        return None
+    return Seal(bytes.fromhex(parts[2]), run_id, parts[1])
+
+
+def binding(plan: Plan, port: int | None = None) -> str:
+    """What a node-0 record is valid for: this run, this master endpoint, this user."""
+    return f"{plan.run_id}|{plan.master_addr}:{plan.master_port if port is None else port}|{os.getuid()}"
+
+
+def record_key(plan: Plan) -> str:
+    return f"hpctorch/{plan.run_id}/authority"
+
+
+def publish(store, plan: Plan, port: int | None = None) -> Seal:  # type: ignore[no-untyped-def]
+    """Node 0: the record by which the others authenticate this store; the seal to use."""
+    seal = node0_seal(plan.run_id)
+    bound = binding(plan, port)
+    if seal.mechanism == "munge":
+        payload = json.dumps({"binding": bound, "secret": seal._secret.hex()})
+        token = {"by": "munge", "credential": munge_encode(payload)}
+    else:
+        _write_secret_file(plan.run_id, seal._secret)
+        token = {"by": "file", "mac": hmac.new(seal._secret, bound.encode(), hashlib.sha256).hexdigest()}
+    store.set(record_key(plan), json.dumps(token))
+    return seal
+
+
+def verify(store, plan: Plan, timeout_s: float, port: int | None = None) -> Seal:  # type: ignore[no-untyped-def]
+    """Another node: node 0's record, authenticated, gives the seal; else AuthError in one line."""
+    inherited = inherited_seal(plan.run_id)
+    key = record_key(plan)
+    where = f"{plan.master_addr}:{plan.master_port if port is None else port}"
+    try:
+        store.wait([key], datetime.timedelta(seconds=max(0.1, timeout_s)))
+        token = json.loads(bytes(store.get(key)))
+    except (ValueError, TypeError):
+        raise AuthError(f"node 0's store at {where} holds no readable hpctorch authority record", _FIX) from None
+    except Exception as exc:  # noqa: BLE001 - torch's and our client's timeouts differ in kind
+        raise AuthError(f"the store at {where} gave no hpctorch authority record within {timeout_s:.0f} s "
+                        f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): it is not this job's node 0",
+                        _FIX) from None
+    bound = binding(plan, port)
+    by = token.get("by") if isinstance(token, dict) else None
+    if by == "munge":
+        seal = _accept_munge(str(token.get("credential", "")), bound, plan.run_id, where)
+    elif by == "file":
+        secret = _read_secret_file(plan.run_id, timeout_s, where)
+        expected = hmac.new(secret, bound.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(str(token.get("mac", "")), expected):
+            raise AuthError(f"the authority record at {where} does not match this job's secret file: it is not this job's "
+                            "node 0", _FIX)
+        seal = Seal(secret, plan.run_id, "file")
+    else:
+        raise AuthError(f"the authority record at {where} names no known mechanism ({by!r})", _FIX)
+    if inherited is not None and inherited.tag("", b"") != seal.tag("", b""):
+        raise AuthError(f"node 0 at {where} holds another secret than the one this process inherited", _FIX)
+    return seal
+
+
+def sealed(store, plan: Plan, timeout_s: float, serve: bool, port: int | None = None) -> SealedStore:  # type: ignore[no-untyped-def]
+    """``store`` with this run's seal: published here when this node serves it, else checked."""
+    seal = publish(store, plan, port) if serve else verify(store, plan, timeout_s, port)
+    return SealedStore(store, seal)
+
+
+# ---- MUNGE -------------------------------------------------------------------------------
+
+def munge_socket(env: Mapping[str, str] | None = None) -> str | None:
+    """The socket Slurm talks to munged through (slurm.conf's AuthInfo socket=), else munge's default."""
+    env = os.environ if env is None else env
+    if env.get("HPCTORCH_MUNGE_SOCKET"):
+        return env["HPCTORCH_MUNGE_SOCKET"]
+    for conf in (env.get("SLURM_CONF"), "/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"):
+        if not conf:
+            continue
+        try:
+            with open(conf, encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    found = re.match(r"\s*AuthInfo\s*=\s*(\S+)", line, re.I)
+                    socket_opt = re.search(r"(?:^|,)socket=([^,\s]+)", found.group(1)) if found else None
+                    if socket_opt:
+                        return socket_opt.group(1)
+        except OSError:
+            continue
+        break
+    return None
+
+
+def _munge_argv(tool: str) -> list[str] | None:
+    path = shutil.which(tool)
+    if path is None:
+        return None
+    socket_path = munge_socket()
+    return [path, *(["--socket", socket_path] if socket_path else [])]
+
+
+def munge_works() -> bool:
+    """Whether munged answers here (a credential made and decoded within a few seconds)."""
+    try:
+        munge_decode(munge_encode("probe"))
+    except (AuthError, HpctorchError):
+        return False
+    return True
+
+
+def munge_encode(payload: str) -> str:
+    argv = _munge_argv("munge")
+    if argv is None:
+        raise AuthError("munge is not installed on this node", _FIX)
+    done = _run([*argv, "--restrict-uid", str(os.getuid()), "--ttl", str(MUNGE_TTL_S)], payload)
+    if done.returncode != 0:
+        raise AuthError(f"munge could not make a credential: {done.stderr.strip().splitlines()[-1:] or '?'}", _FIX)
+    return done.stdout.strip()
+
+
+def munge_decode(credential: str) -> tuple[dict[str, str], str]:
+    """(metadata, payload) of a credential munged accepts. A replayed one is accepted: this
+    host decoded it before (several processes of one node do); the payload's binding, not
+    munged's replay cache, ties a credential to one run and one endpoint."""
+    argv = _munge_argv("unmunge")
+    if argv is None:
+        raise AuthError("unmunge is not installed on this node, so node 0's MUNGE credential cannot be checked", _FIX)
+    done = _run(argv, credential)
+    head, _, payload = done.stdout.partition("\n\n")
+    meta = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in head.splitlines()) if k.strip())
+    status = meta.get("STATUS", "")
+    if done.returncode not in (0, 17) or not status.startswith(("Success", "Replayed")):
+        raise AuthError(f"munged rejected node 0's credential ({status or done.stderr.strip() or 'no answer'})", _FIX)
+    return meta, payload
+
+
+def _accept_munge(credential: str, bound: str, run_id: str, where: str) -> Seal:
+    meta, payload = munge_decode(credential)
+    uid = re.search(r"\((\d+)\)", meta.get("UID", ""))
+    if uid is None or int(uid.group(1)) != os.getuid():
+        raise AuthError(f"the store at {where} is served by another user (MUNGE says uid {uid.group(1) if uid else '?'}, "
+                        f"this job runs as uid {os.getuid()}): it is not this job's node 0", _FIX)
+    try:
+        said = json.loads(payload)
+        secret = bytes.fromhex(said["secret"])
+    except (ValueError, KeyError, TypeError):
+        raise AuthError(f"node 0's credential at {where} carries no readable payload", _FIX) from None
+    if said.get("binding") != bound:
+        raise AuthError(f"node 0's credential at {where} was made for {said.get('binding')!r}, not this run and endpoint "
+                        f"({bound!r}): a record replayed from another job or port", _FIX)
+    return Seal(secret, run_id, "munge")
+
+
+def _run(argv: list[str], stdin: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=MUNGE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise AuthError(f"{os.path.basename(argv[0])} did not answer within {MUNGE_TIMEOUT_S:.0f} s (is munged running?)",
+                        _FIX) from None
+    except OSError as exc:
+        raise AuthError(f"{argv[0]} could not run: {exc.strerror or exc}", _FIX) from None
+
+
+# ---- the secret file on the shared home ----------------------------------------------------
+
+def secrets_dir() -> str:
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "hpctorch", "job-secrets")
+
+
+def secret_path(run_id: str) -> str:
+    return os.path.join(secrets_dir(), re.sub(r"[^A-Za-z0-9._-]", "_", run_id))
+
+
+def _write_secret_file(run_id: str, secret: bytes) -> None:
+    folder = secrets_dir()
+    os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
+    private_dir(folder)
+    path = secret_path(run_id)
+    temporary = f"{path}.{os.getpid()}.new"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret.hex())
+    os.replace(temporary, path)  # a rerun of the same run id replaces the earlier secret
+
+
+def _read_secret_file(run_id: str, timeout_s: float, where: str) -> bytes:
+    """The secret node 0 wrote, once the shared home shows it (NFS may take a moment)."""
+    path = secret_path(run_id)
+    deadline = time.monotonic() + timeout_s
+    pause = 0.05
+    while True:
+        unsafe = why_unsafe(secrets_dir()) if os.path.lexists(secrets_dir()) else None
+        if unsafe:
+            raise AuthError(f"this job's secret folder {secrets_dir()} cannot be trusted: {unsafe}", _FIX)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise AuthError(f"node 0 at {where} is not authenticated: no MUNGE credential, and its secret file {path} did "
+                                f"not appear within {timeout_s:.0f} s", "share the home directory between the nodes, or run "
+                                "munged (Slurm sites do)") from None
+            time.sleep(pause)
+            pause = min(pause * 1.5, 1.0)
+            continue
+        with os.fdopen(fd) as handle:
+            facts = os.fstat(handle.fileno())
+            if facts.st_uid != os.getuid() or facts.st_mode & 0o077:
+                raise AuthError(f"this job's secret file {path} is not this user's alone (owner uid {facts.st_uid}, mode "
+                                f"{facts.st_mode & 0o777:o})", _FIX)
+            text = handle.read().strip()
+        if re.fullmatch(r"[0-9a-f]{64}", text):
+            return bytes.fromhex(text)
+        if time.monotonic() >= deadline:
+            raise AuthError(f"this job's secret file {path} holds no secret", _FIX)
+        time.sleep(pause)  # being replaced this moment
