@@ -77,3 +77,26 @@ def test_netlink_and_psutil_see_the_same_interfaces() -> None:
     fast = {(i.name, i.ipv4, frozenset(i.ipv6), i.is_up) for i in network._netlink_interfaces()}
     slow = {(i.name, i.ipv4, frozenset(i.ipv6), i.is_up) for i in network._psutil_interfaces()}
     assert fast == slow
+
+
+def test_the_uid_listening_on_a_port_is_read_from_proc(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import socket
+
+    from hpctorch.host import network
+
+    if not os.path.exists("/proc/net/tcp"):
+        pytest.skip("no /proc/net/tcp here")
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert network.listener_uid(port) == os.getuid()
+        assert network.holder_line(port) == " (held by a process of your own)"
+    assert network.listener_uid(port) is None
+    # Another user's listener, as /proc/net/tcp shows it (port 0x4E34 = 20020, uid 4242, state 0A).
+    table = tmp_path / "tcp"
+    table.write_text("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+                     "   0: 010012C6:4E34 00000000:0000 0A 00000000:00000000 00:00000000 00000000  4242        0 1 1 0 100 0 0 10 0\n")
+    assert network.listener_uid(20020, (str(table),)) == 4242
+    assert network.listener_uid(20021, (str(table),)) is None

@@ -155,7 +155,8 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
             store = open_store(plan, timeout_s)
         except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
             raise HpctorchError(
-                f"cannot serve the rendezvous store on port {plan.master_port}: {str(exc).splitlines()[0]}",
+                f"cannot serve the rendezvous store on port {plan.master_port}{network.holder_line(plan.master_port)}: "
+                f"{str(exc).splitlines()[0]}",
                 "pass another --master-port, or stop the process that holds it (ss -ltnp)",
             ) from None
         store = authority.sealed(store, plan, timeout_s, serve=True)

@@ -253,7 +253,7 @@ def munge_encode(payload: str) -> str:
     return done.stdout.strip()
 
 
-def munge_decode(credential: str) -> tuple[dict[str, str], str]:
+def munge_decode(credential: str, where: str = "this node") -> tuple[dict[str, str], str]:
     """(metadata, payload) of a credential munged accepts. A replayed one is accepted: this
     host decoded it before (several processes of one node do); the payload's binding, not
     munged's replay cache, ties a credential to one run and one endpoint."""
@@ -261,6 +261,9 @@ def munge_decode(credential: str) -> tuple[dict[str, str], str]:
     if argv is None:
         raise AuthError("unmunge is not installed on this node, so node 0's MUNGE credential cannot be checked", _FIX)
     done = _run(argv, credential)
+    if "Unauthorized credential" in done.stderr:  # restricted to its maker's uid: made by someone else
+        raise AuthError(f"the store at {where} is served by another user: its MUNGE credential is restricted to a uid other than "
+                        f"this job's ({os.getuid()})", _FIX)
     head, _, payload = done.stdout.partition("\n\n")
     meta = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in head.splitlines()) if k.strip())
     status = meta.get("STATUS", "")
@@ -270,7 +273,7 @@ def munge_decode(credential: str) -> tuple[dict[str, str], str]:
 
 
 def _accept_munge(credential: str, bound: str, run_id: str, where: str) -> Seal:
-    meta, payload = munge_decode(credential)
+    meta, payload = munge_decode(credential, where)
     uid = re.search(r"\((\d+)\)", meta.get("UID", ""))
     if uid is None or int(uid.group(1)) != os.getuid():
         raise AuthError(f"the store at {where} is served by another user (MUNGE says uid {uid.group(1) if uid else '?'}, "

@@ -84,7 +84,8 @@ def connect(plan: Plan, timeout_s: float, serve: bool | None = None, what: str =
         try:
             served = open_store(plan, timeout_s)
         except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
-            raise HpctorchError(f"cannot serve the store for {what} on port {plan.master_port}: {str(exc).splitlines()[0]}",
+            raise HpctorchError(f"cannot serve the store for {what} on port {plan.master_port}{network.holder_line(plan.master_port)}: "
+                                f"{str(exc).splitlines()[0]}",
                                 "pass another --master-port, or stop the process that holds it (ss -ltnp)") from None
         return authority.sealed(served, plan, timeout_s, serve=True)
     deadline = time.monotonic() + timeout_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import ipaddress
+import os
 import socket
 import struct
 import time
@@ -245,6 +246,39 @@ def port_is_free(address: str, port: int) -> bool:
                 return True
             raise
     return True
+
+
+def listener_uid(port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> int | None:
+    """The uid whose socket listens on ``port`` in this network namespace, as /proc shows it to
+    anyone (no privilege needed); None where nothing listens or /proc is not there."""
+    for table in tables:
+        try:
+            with open(table, encoding="ascii") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid ...; st 0A is LISTEN
+            if len(fields) > 7 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return int(fields[7])
+    return None
+
+
+def holder_line(port: int) -> str:
+    """Who holds ``port`` here, for a line that says it is taken: another user by name, or you."""
+    uid = listener_uid(port)
+    if uid is None:
+        return ""
+    if uid == os.getuid():
+        return " (held by a process of your own)"
+    try:
+        import pwd
+
+        name = f" ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, ImportError):
+        name = ""
+    return f" (held by another user: uid {uid}{name})"
 
 
 def free_port(address: str = "127.0.0.1") -> int:

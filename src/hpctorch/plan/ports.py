@@ -102,6 +102,6 @@ def check_master_port(plan: Plan) -> None:
     if not network.port_is_free("", plan.master_port):
         why = plan.reasons.get("master_port", "")
         raise HpctorchError(
-            f"master port {plan.master_port} ({why}) is already in use on this node",
+            f"master port {plan.master_port} ({why}) is already in use on this node{network.holder_line(plan.master_port)}",
             "pass another --master-port, or stop the process that holds it (ss -ltnp)",
         )
