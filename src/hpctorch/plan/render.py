@@ -44,6 +44,11 @@ def _counts(plan: Plan) -> tuple[str, str, str]:
     return nodes, rank, world
 
 
+AUTHORITY = ("every record a node acts on is sealed with a secret node 0 makes for this run and hands only to your uid: "
+             "a MUNGE credential restricted to your uid where munged answers (the socket Slurm's AuthInfo names), else a 0600 "
+             "file in ~/.local/state/hpctorch/job-secrets; a node refuses, in one line, a store that does not authenticate")
+
+
 def table(plan: Plan, explain: bool = False) -> str:
     port = str(plan.master_port) if plan.master_port else "(a free port bound at start)"
     nodes = hostlist.compress(plan.nodes) if plan.nodes else "(not named by the launcher)"
@@ -86,6 +91,8 @@ def table(plan: Plan, explain: bool = False) -> str:
         lines.append("where each value came from:")
         lines.extend(f"  {name:<16} {origin}" for name, origin in sorted(plan.sources.items()))
         lines.extend(f"  {var:<16} {why}" for var, why in sorted(plan.reasons.items()) if var.isupper())
+        if plan.nnodes > 1 or plan.mode == "per-task":
+            lines.append(f"  {'records':<16} {AUTHORITY}")
     if plan.common_env:
         lines.append("added to every worker's environment:")
         lines.extend(f"  {k}={v}" for k, v in sorted(plan.common_env.items()))
