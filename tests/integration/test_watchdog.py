@@ -194,3 +194,19 @@ def test_a_stalled_file_system_on_one_node_does_not_make_it_silent(monkeypatch: 
         stalled.set()
         for dog in dogs:
             dog.close()
+
+
+def test_the_closing_state_names_the_node_never_heard_from_and_reads_the_others() -> None:
+    """Node 2 never beat (its helper never reached the store): node 0's final reading still has
+    nodes 0 and 1, one by one, instead of nothing for all."""
+    port = free_port()
+    server = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
+                                        wait_for_workers=False, multi_tenant=True)
+    node0 = watchdog.JobWatchdog(plan(0, 3, port), 30)
+    server.set(watchdog.beat_key("wd", 0), watchdog.DONE)
+    server.add(watchdog.beat_key("wd", 1), 3)
+    final = node0._read_final(server)
+    assert final["done"] == {0: True, 1: False}, final
+    server.set(watchdog.beat_key("wd", 1), watchdog.DONE)
+    server.set(watchdog.beat_key("wd", 2), watchdog.DONE)
+    assert node0._read_final(server)["done"] == {0: True, 1: True, 2: True}

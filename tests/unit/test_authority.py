@@ -39,9 +39,8 @@ def store() -> Iterator[object]:
 
 @pytest.fixture(autouse=True)
 def own_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test its own secret folder and its own node-0 secrets; no inherited secret."""
+    """Each test its own secret folder and its own node-0 secrets."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.delenv(authority.SECRET_ENV, raising=False)
     monkeypatch.setattr(authority, "_made", {})
 
 
@@ -106,14 +105,6 @@ def test_without_node_0s_record_the_wait_is_bounded(store) -> None:  # type: ign
     with pytest.raises(AuthError, match="within 1 s"):
         authority.verify(store, _plan(1, store.port), 1)
     assert time.monotonic() - started < 30  # a hang guard only
-
-
-def test_a_started_process_inherits_the_seal() -> None:
-    seal = authority.node0_seal("slurm-42")
-    env = seal.exported()
-    again = authority.inherited_seal("slurm-42", env)
-    assert again is not None and again.tag("k", b"v") == seal.tag("k", b"v")
-    assert authority.inherited_seal("slurm-43", env) is None  # another run's secret is not this run's
 
 
 def test_the_munge_socket_is_slurms(tmp_path: Path) -> None:

@@ -64,6 +64,11 @@ def test_summary_lines() -> None:
                          "(3.2 s to its workers); per-rank logs: /tmp/logs on node1 (each node keeps its own)")
     spared = Summary(0, 20.0, ("node1", "node2"), (0,), {}, None, None, replaced=(1,))
     assert spared.line() == "hpctorch: finished in 20.0 s, exit 0 on node1 and 1 hot spare(s); replaced by a hot spare: node2"
+    partly = Summary(0, 9.0, ("node1", "node2", "node3"), (0, 2), {}, None, None)
+    assert partly.line() == "hpctorch: finished in 9.0 s, exit 0 on this node; not heard from: node2"
+    early = Summary(0, 5.0, ("node1", "node2"), (), {}, None, None)  # over before the watchdog's helpers reached the store
+    assert early.line() == ("hpctorch: finished in 5.0 s, exit 0 on this node; the job ended before the watchdog reached the "
+                            "other nodes (each node's own line says how it ended)")
     failed = Summary(1, 8.0, ("node1", "node2"), (), {}, None, "rank 3 on node 1 (node2) exited with code 1")
     assert failed.line() == "hpctorch: failed after 8.0 s (exit 1)"  # the failure is the last line, said once
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ..errors import HpctorchError
-from ..host.folders import private_dir, why_unsafe
+from ..host.folders import private_dir, sweep, why_unsafe
 from ..plan.types import Plan
 
 MAC_HEX = 32
@@ -44,9 +44,8 @@ TAG = b"hpct1:"
 MUNGE_TIMEOUT_S = 10.0
 MUNGE_TTL_S = 3600
 """A node may read node 0's credential minutes after it was made (staging, a slow start)."""
-SECRET_ENV = "HPCTORCH_JOB_SECRET"
-"""Set by hpctorch for the processes it starts (simulated nodes, workers' helpers): they inherit
-the secret instead of asking for it again."""
+SECRET_KEPT_S = 7 * 86400.0
+"""A run's secret file outlives any job that could still read it (a requeue is a new run)."""
 
 
 class AuthError(HpctorchError):
@@ -77,10 +76,6 @@ class Seal:
             raise AuthError(f"the record {key} in node 0's store is not sealed with this job's secret: someone other than this "
                             "job wrote it", _FIX)
         return data
-
-    def exported(self) -> dict[str, str]:
-        """The environment that hands this seal to processes this one starts (same user)."""
-        return {SECRET_ENV: f"{self.run_id}:{self.mechanism}:{self._secret.hex()}"}
 
 
 _FIX = ("if another user shares these nodes, ask them to stop; hpctorch starts no worker on records it cannot "
@@ -123,23 +118,12 @@ def plain(store):  # type: ignore[no-untyped-def]
 _made: dict[str, Seal] = {}
 
 
-def node0_seal(run_id: str, env: Mapping[str, str] | None = None) -> Seal:
-    """Node 0's seal for ``run_id``: inherited from the process that started this one, else
-    made once per process (every store node 0 serves in this run shares it)."""
-    inherited = inherited_seal(run_id, env)
-    if inherited is not None:
-        return inherited
+def node0_seal(run_id: str) -> Seal:
+    """Node 0's seal for ``run_id``, made once per process (every store this process serves in
+    this run shares it)."""
     if run_id not in _made:
         _made[run_id] = Seal(secrets.token_bytes(32), run_id, "munge" if munge_works() else "file")
     return _made[run_id]
-
-
-def inherited_seal(run_id: str, env: Mapping[str, str] | None = None) -> Seal | None:
-    value = (os.environ if env is None else env).get(SECRET_ENV, "")
-    parts = value.rsplit(":", 2)
-    if len(parts) != 3 or parts[0] != run_id or not re.fullmatch(r"[0-9a-f]{64}", parts[2]):
-        return None
-    return Seal(bytes.fromhex(parts[2]), run_id, parts[1])
 
 
 def binding(plan: Plan, port: int | None = None) -> str:
@@ -167,7 +151,6 @@ def publish(store, plan: Plan, port: int | None = None) -> Seal:  # type: ignore
 
 def verify(store, plan: Plan, timeout_s: float, port: int | None = None) -> Seal:  # type: ignore[no-untyped-def]
     """Another node: node 0's record, authenticated, gives the seal; else AuthError in one line."""
-    inherited = inherited_seal(plan.run_id)
     key = record_key(plan)
     where = f"{plan.master_addr}:{plan.master_port if port is None else port}"
     try:
@@ -192,8 +175,6 @@ def verify(store, plan: Plan, timeout_s: float, port: int | None = None) -> Seal
         seal = Seal(secret, plan.run_id, "file")
     else:
         raise AuthError(f"the authority record at {where} names no known mechanism ({by!r})", _FIX)
-    if inherited is not None and inherited.tag("", b"") != seal.tag("", b""):
-        raise AuthError(f"node 0 at {where} holds another secret than the one this process inherited", _FIX)
     return seal
 
 
@@ -320,6 +301,7 @@ def _write_secret_file(run_id: str, secret: bytes) -> None:
     with os.fdopen(fd, "w") as handle:
         handle.write(secret.hex())
     os.replace(temporary, path)  # a rerun of the same run id replaces the earlier secret
+    sweep(folder, ("",), SECRET_KEPT_S)  # earlier runs' secrets, once per run by node 0
 
 
 def _read_secret_file(run_id: str, timeout_s: float, where: str) -> bytes:

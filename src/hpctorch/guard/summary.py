@@ -47,7 +47,9 @@ class Summary:
         if self.exit_code == 0:
             where = f"all {len(self.nodes)} node(s) ({hostlist.display(self.nodes)})"
             if not self.succeeded:
-                where = "this node (the others' state could not be read)"
+                # The watchdog's helpers start beside the workers and import torch first: a job over
+                # before they reached node 0's store leaves node 0 nothing to read of the others.
+                where = "this node; the job ended before the watchdog reached the other nodes (each node's own line says how it ended)"
             elif len(self.succeeded) + len(self.replaced) != len(self.nodes):
                 others = [self.nodes[n] for n in range(len(self.nodes)) if n not in self.succeeded and n not in self.replaced]
                 where = f"this node; not heard from: {hostlist.display(others)}"
