@@ -257,6 +257,28 @@ def test_nvml_complaints_are_problems_and_a_missing_nvml_is_said(monkeypatch: py
     assert measure.nvml_problems() == ([], "NVML (pip install nvidia-ml-py)")
 
 
+def test_a_lost_gpu_is_a_problem_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPU 1 fell off the bus: NVML's handle query fails (NVML_ERROR_GPU_IS_LOST), GPU 0 is still judged."""
+    import sys
+
+    fake = _FakeNvml()
+
+    def lost(index: int) -> int:
+        if index == 1:
+            raise fake.NVMLError("GPU is lost")
+        return index
+
+    fake.nvmlDeviceGetHandleByIndex = lost  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert measure.nvml_problems() == (["GPU 1: NVML cannot reach it (GPU is lost)"], None) and fake.shut
+
+    def uncountable() -> int:
+        raise fake.NVMLError("Unknown Error")
+
+    fake.nvmlDeviceGetCount = uncountable  # type: ignore[method-assign]
+    assert measure.nvml_problems() == (["NVML cannot count this node's GPUs (Unknown Error)"], None)
+
+
 def test_the_worst_nodes_are_chosen_as_spares_bad_first_then_slowest() -> None:
     records = {n: record(n, compute=100.0 - n) for n in range(4)}  # node 3 the slowest, none bad
     assert judge.ranking(records, judge.judge(records, 4), 4)[:1] == [3]

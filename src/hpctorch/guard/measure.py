@@ -163,8 +163,16 @@ def nvml_problems() -> tuple[list[str], str | None]:
         "software thermal slowdown": getattr(pynvml, "nvmlClocksThrottleReasonSwThermalSlowdown", 0x20),
     }
     try:
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            return [f"NVML cannot count this node's GPUs ({exc})"], None
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except pynvml.NVMLError as exc:  # GPU_IS_LOST, "Unknown Error": a GPU that fell off the bus
+                problems.append(f"GPU {index}: NVML cannot reach it ({exc})")
+                continue
             checks: list[tuple[str, Callable[[], str | None]]] = [
                 ("ECC", lambda: _ecc(pynvml, handle)),
                 ("retired pages", lambda: "pages pending retirement" if pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle) else None),
