@@ -204,16 +204,12 @@ class JobWatchdog:
         return self.prefix + "stacks/teardown/collected"
 
     def _read_final(self, store) -> dict[str, dict[int, object]]:  # type: ignore[no-untyped-def]
-        """Two requests whatever N: every node's counter, and its start-up time if all wrote one."""
-        if store.check(self._beats):
-            values = dict(enumerate(store.multi_get(self._beats)))
-        else:  # a node never beat: the others' counters one by one (once, at the end), so only it goes unnamed
-            there = [n for n, key in enumerate(self._beats) if store.check([key])]
-            values = dict(zip(there, store.multi_get([self._beats[n] for n in there]))) if there else {}
+        """Two requests whatever N (every counter, every start-up time); a node never beat: the others' checked one by one."""
+        there = range(self.plan.nnodes) if store.check(self._beats) else [n for n, key in enumerate(self._beats) if store.check([key])]
+        values = dict(zip(there, store.multi_get([self._beats[n] for n in there]))) if there else {}
         starts = [f"{self.prefix}start/{n}" for n in range(self.plan.nnodes)]
         seconds = {n: float(v) for n, v in enumerate(store.multi_get(starts))} if store.check(starts) else {}
-        return {"done": {n: value == DONE for n, value in values.items()}, "start_s": seconds,
-                "replaced": {n: True for n, value in values.items() if value == REPLACED}}
+        return {"done": {n: v == DONE for n, v in values.items()}, "start_s": seconds, "replaced": {n: True for n, v in values.items() if v == REPLACED}}
 
     def _ack(self, store) -> None:  # type: ignore[no-untyped-def]
         if not self._acked:
