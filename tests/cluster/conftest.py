@@ -6,6 +6,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,19 +62,19 @@ def assert_trained_across_nodes(output: str, nodes: int = 2, per_node: int = 2) 
     assert f"done world={world}" in output
 
 
-@pytest.fixture
-def throttled_cpu(cluster: Cluster) -> Iterator[str]:
-    """node3's slurmd, and so every process of its job steps, held to 15% of one CPU."""
-    group = CPU_CGROUP / "hpct-node3"
+@contextmanager
+def throttled(cluster: Cluster, node: str, percent: int) -> Iterator[str]:
+    """``node``'s slurmd, and so every process of its job steps, held to ``percent``% of one CPU."""
+    group = CPU_CGROUP / f"hpct-{node}"
     if not (CPU_CGROUP / "cgroup.procs").exists():
         pytest.fail("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu to throttle a node with")
-    slurmd = (cluster.dir / "slurmd-node3.pid").read_text().strip()
+    slurmd = (cluster.dir / f"slurmd-{node}.pid").read_text().strip()
     group.mkdir(exist_ok=True)
     try:
         (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text("15000")
+        (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
         (group / "cgroup.procs").write_text(slurmd)
-        yield "node3"
+        yield node
     finally:
         for pid in (group / "cgroup.procs").read_text().split():
             try:
@@ -81,3 +82,10 @@ def throttled_cpu(cluster: Cluster) -> Iterator[str]:
             except OSError:
                 pass  # gone meanwhile
         os.rmdir(group)
+
+
+@pytest.fixture
+def throttled_cpu(cluster: Cluster) -> Iterator[str]:
+    """node3 held to 15% of one CPU."""
+    with throttled(cluster, "node3", 15) as node:
+        yield node
