@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,7 @@ def test_a_squatters_store_is_not_node_0(store, tmp_path: Path, monkeypatch: pyt
     authority.publish(store, _plan(0, store.port))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(authority, "_made", {})
-    authority._write_secret_file("slurm-42", os.urandom(32))  # this user's own node 0, elsewhere
+    authority._write_secret_file(_plan(0, store.port), os.urandom(32))  # this user's own node 0, elsewhere
     with pytest.raises(AuthError, match="does not match this job's secret file: it is not this job's node 0"):
         authority.verify(store, _plan(1, store.port), 5)
 
@@ -95,7 +96,7 @@ def test_a_record_for_another_endpoint_or_run_is_refused(store) -> None:  # type
 
 def test_a_secret_file_others_can_read_is_refused(store) -> None:  # type: ignore[no-untyped-def]
     authority.publish(store, _plan(0, store.port))
-    os.chmod(authority.secret_path("slurm-42"), 0o644)
+    os.chmod(authority.secret_path(authority.secret_dirs(_plan())["home"], "slurm-42"), 0o644)
     with pytest.raises(AuthError, match="is not this user's alone"):
         authority.verify(store, _plan(1, store.port), 5)
 
@@ -105,6 +106,23 @@ def test_without_node_0s_record_the_wait_is_bounded(store) -> None:  # type: ign
     with pytest.raises(AuthError, match="within 1 s"):
         authority.verify(store, _plan(1, store.port), 1)
     assert time.monotonic() - started < 30  # a hang guard only
+
+
+def test_without_a_writable_home_the_secret_is_kept_in_the_jobs_shared_folder(store, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container that binds no home (Charliecloud): the submit directory's .hpctorch, which
+    every node of the job shares, holds it; the record names the folder, each node derives it."""
+    not_a_folder = tmp_path / "home-is-a-file"  # no home to write (root writes through any mode)
+    not_a_folder.write_text("")
+    monkeypatch.setenv("XDG_STATE_HOME", str(not_a_folder / "state"))
+    shared = tmp_path / "submit" / ".hpctorch" / "slurm-42.agreement"
+    plans = [replace(_plan(n, store.port), agreement_dir=str(shared)) for n in (0, 1)]
+    authority.sealed(store, plans[0], 5, serve=True).set("k", "v")
+    assert authority.sealed(store, plans[1], 5, serve=False).get("k") == b"v"
+    assert (tmp_path / "submit" / ".hpctorch" / "secrets" / "slurm-42").stat().st_mode & 0o777 == 0o600
+    monkeypatch.setattr(authority, "_made", {})
+    with pytest.raises(AuthError, match="node 0 cannot keep this run's secret: no MUNGE daemon answers"):
+        authority.publish(store, _plan(0, store.port))  # no shared folder either
 
 
 def test_the_munge_socket_is_slurms(tmp_path: Path) -> None:
@@ -137,7 +155,7 @@ def test_munge_carries_the_secret_to_the_same_user_only(store, munged: str) -> N
     assert authority.munge_works()
     node0 = authority.sealed(store, _plan(0, store.port), 5, serve=True)
     assert node0.seal_.mechanism == "munge"
-    assert not os.path.exists(authority.secret_path("slurm-42"))  # nothing on disk
+    assert not os.path.exists(authority.secret_path(authority.secret_dirs(_plan())["home"], "slurm-42"))  # nothing on disk
     node0.set("hpctorch/slurm-42/verdict", "")
     for _ in range(2):  # a node's second process decodes the same credential: munged says replayed, still this user's
         assert authority.sealed(store, _plan(1, store.port), 5, serve=False).get("hpctorch/slurm-42/verdict") == b""

@@ -12,8 +12,9 @@ the value under that secret (``Seal``; ``SealedStore`` seals and checks transpar
   so), and the payload names this node's run and endpoint (a credential of another run, or
   replayed at another port, does not). Slurm sites run munged on every node.
 - ``file``: without a MUNGE daemon, the secret in a 0600 file in this user's own 0700 folder of
-  the home directory, which clusters share across nodes (one machine trivially): the path is
-  derived from the run id, never read from the store; the store holds only a MAC of the binding.
+  the home directory, which clusters share across nodes (one machine trivially), else of the job's
+  shared folder (a container that binds no home): the path is derived from the run id and the
+  folder's name, never read from the store; the store holds only a MAC of the binding.
 
 Counters (``add``: beats, arrivals) and appended lists are not sealed: a stranger can make them
 lie about liveness or stall a run, not make a node run anything. torch's own rendezvous keys
@@ -143,8 +144,8 @@ def publish(store, plan: Plan, port: int | None = None) -> Seal:  # type: ignore
         payload = json.dumps({"binding": bound, "secret": seal._secret.hex()})
         token = {"by": "munge", "credential": munge_encode(payload)}
     else:
-        _write_secret_file(plan.run_id, seal._secret)
-        token = {"by": "file", "mac": hmac.new(seal._secret, bound.encode(), hashlib.sha256).hexdigest()}
+        token = {"by": "file", "in": _write_secret_file(plan, seal._secret),
+                 "mac": hmac.new(seal._secret, bound.encode(), hashlib.sha256).hexdigest()}
     store.set(record_key(plan), json.dumps(token))
     return seal
 
@@ -167,7 +168,7 @@ def verify(store, plan: Plan, timeout_s: float, port: int | None = None) -> Seal
     if by == "munge":
         seal = _accept_munge(str(token.get("credential", "")), bound, plan.run_id, where)
     elif by == "file":
-        secret = _read_secret_file(plan.run_id, timeout_s, where)
+        secret = _read_secret_file(plan, str(token.get("in", "home")), timeout_s, where)
         expected = hmac.new(secret, bound.encode(), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(str(token.get("mac", "")), expected):
             raise AuthError(f"the authority record at {where} does not match this job's secret file: it is not this job's "
@@ -280,39 +281,58 @@ def _run(argv: list[str], stdin: str) -> subprocess.CompletedProcess:
         raise AuthError(f"{argv[0]} could not run: {exc.strerror or exc}", _FIX) from None
 
 
-# ---- the secret file on the shared home ----------------------------------------------------
+# ---- the secret file: the shared home, else the job's shared folder ---------------------------
 
-def secrets_dir() -> str:
+def secret_dirs(plan: Plan) -> dict[str, str]:
+    """Where node 0 may keep the run's secret, by name, in order: this user's state folder in the
+    home directory (clusters share it), else the job's shared folder (the submit directory's
+    .hpctorch, where a container binds no home). Each node derives the path itself."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(state, "hpctorch", "job-secrets")
+    dirs = {"home": os.path.join(state, "hpctorch", "job-secrets")}
+    if plan.agreement_dir:
+        dirs["shared"] = os.path.join(os.path.dirname(plan.agreement_dir), "secrets")
+    return dirs
 
 
-def secret_path(run_id: str) -> str:
-    return os.path.join(secrets_dir(), re.sub(r"[^A-Za-z0-9._-]", "_", run_id))
+def secret_path(folder: str, run_id: str) -> str:
+    return os.path.join(folder, re.sub(r"[^A-Za-z0-9._-]", "_", run_id))
 
 
-def _write_secret_file(run_id: str, secret: bytes) -> None:
-    folder = secrets_dir()
-    os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
-    private_dir(folder)
-    path = secret_path(run_id)
-    temporary = f"{path}.{os.getpid()}.new"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secret.hex())
-    os.replace(temporary, path)  # a rerun of the same run id replaces the earlier secret
-    sweep(folder, ("",), SECRET_KEPT_S)  # earlier runs' secrets, once per run by node 0
+def _write_secret_file(plan: Plan, secret: bytes) -> str:
+    """The secret in the first of ``secret_dirs`` this user can write; the name of that folder."""
+    reasons = []
+    for name, folder in secret_dirs(plan).items():
+        try:
+            os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
+            private_dir(folder)
+            path = secret_path(folder, plan.run_id)
+            temporary = f"{path}.{os.getpid()}.new"
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secret.hex())
+            os.replace(temporary, path)  # a rerun of the same run id replaces the earlier secret
+        except (OSError, HpctorchError) as exc:
+            reasons.append(f"{folder}: {getattr(exc, 'strerror', None) or exc}")
+            continue
+        sweep(folder, ("",), SECRET_KEPT_S)  # earlier runs' secrets, once per run by node 0
+        return name
+    raise AuthError(f"node 0 cannot keep this run's secret: no MUNGE daemon answers, and no folder for it is writable "
+                    f"({'; '.join(reasons)})", "run munged (Slurm sites do), or give the nodes a shared, writable home or "
+                    "submit directory (--rendezvous-dir)")
 
 
-def _read_secret_file(run_id: str, timeout_s: float, where: str) -> bytes:
-    """The secret node 0 wrote, once the shared home shows it (NFS may take a moment)."""
-    path = secret_path(run_id)
+def _read_secret_file(plan: Plan, name: str, timeout_s: float, where: str) -> bytes:
+    """The secret node 0 wrote in its folder ``name``, once the shared file system shows it."""
+    folder = secret_dirs(plan).get(name)
+    if folder is None:
+        raise AuthError(f"the authority record at {where} names a secret folder this node does not have ({name!r})", _FIX)
+    path = secret_path(folder, plan.run_id)
     deadline = time.monotonic() + timeout_s
     pause = 0.05
     while True:
-        unsafe = why_unsafe(secrets_dir()) if os.path.lexists(secrets_dir()) else None
+        unsafe = why_unsafe(folder) if os.path.lexists(folder) else None
         if unsafe:
-            raise AuthError(f"this job's secret folder {secrets_dir()} cannot be trusted: {unsafe}", _FIX)
+            raise AuthError(f"this job's secret folder {folder} cannot be trusted: {unsafe}", _FIX)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:

@@ -46,7 +46,8 @@ def _counts(plan: Plan) -> tuple[str, str, str]:
 
 AUTHORITY = ("every record a node acts on is sealed with a secret node 0 makes for this run and hands only to your uid: "
              "a MUNGE credential restricted to your uid where munged answers (the socket Slurm's AuthInfo names), else a 0600 "
-             "file in ~/.local/state/hpctorch/job-secrets; a node refuses, in one line, a store that does not authenticate")
+             "file in ~/.local/state/hpctorch/job-secrets (else the job's shared folder); a node refuses, in one line, a store "
+             "that does not authenticate")
 
 
 def table(plan: Plan, explain: bool = False) -> str:
