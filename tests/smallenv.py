@@ -32,9 +32,8 @@ def missing() -> str | None:
     return None
 
 
-def make(where: Path, files: int = 1, file_bytes: int = DATA_BYTES) -> Path:
-    """The small environment in ``where`` (made once), and its interpreter; its package holds
-    ``files`` data files of ``file_bytes`` each (random: no compression shrinks them)."""
+def make(where: Path) -> Path:
+    """The small environment in ``where`` (made once), and its interpreter."""
     python = where / "bin" / "python"
     if python.exists():
         return python
@@ -47,6 +46,5 @@ def make(where: Path, files: int = 1, file_bytes: int = DATA_BYTES) -> Path:
     (packages / "shared-env.pth").write_text("".join(f"import site; site.addsitedir({p!r})\n" for p in shared))
     (packages / PACKAGE).mkdir()
     (packages / PACKAGE / "__init__.py").write_text('"""Marks where the staging tests\' environment was imported from."""\n')
-    for index in range(files):
-        (packages / PACKAGE / (f"data{index}.bin" if index else "data.bin")).write_bytes(os.urandom(file_bytes))
+    (packages / PACKAGE / "data.bin").write_bytes(os.urandom(DATA_BYTES))
     return python

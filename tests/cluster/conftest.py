@@ -6,7 +6,6 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -62,19 +61,19 @@ def assert_trained_across_nodes(output: str, nodes: int = 2, per_node: int = 2) 
     assert f"done world={world}" in output
 
 
-@contextmanager
-def throttled(cluster: Cluster, node: str, percent: int) -> Iterator[str]:
-    """``node``'s slurmd, and so every process of its job steps, held to ``percent``% of one CPU."""
-    group = CPU_CGROUP / f"hpct-{node}"
+@pytest.fixture
+def throttled_cpu(cluster: Cluster) -> Iterator[str]:
+    """node3's slurmd, and so every process of its job steps, held to 15% of one CPU."""
+    group = CPU_CGROUP / "hpct-node3"
     if not (CPU_CGROUP / "cgroup.procs").exists():
         pytest.fail("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu to throttle a node with")
-    slurmd = (cluster.dir / f"slurmd-{node}.pid").read_text().strip()
+    slurmd = (cluster.dir / "slurmd-node3.pid").read_text().strip()
     group.mkdir(exist_ok=True)
     try:
         (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
+        (group / "cpu.cfs_quota_us").write_text("15000")
         (group / "cgroup.procs").write_text(slurmd)
-        yield node
+        yield "node3"
     finally:
         for pid in (group / "cgroup.procs").read_text().split():
             try:
@@ -82,10 +81,3 @@ def throttled(cluster: Cluster, node: str, percent: int) -> Iterator[str]:
             except OSError:
                 pass  # gone meanwhile
         os.rmdir(group)
-
-
-@pytest.fixture
-def throttled_cpu(cluster: Cluster) -> Iterator[str]:
-    """node3 held to 15% of one CPU."""
-    with throttled(cluster, "node3", 15) as node:
-        yield node
