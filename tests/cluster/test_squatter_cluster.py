@@ -60,6 +60,7 @@ def squatter() -> Iterator[tuple[int, Path]]:
     finally:
         shutil.rmtree(home, ignore_errors=True)
         if made:
+            subprocess.run(["pkill", "-KILL", "-u", str(uid)], check=False, timeout=30)  # userdel refuses a user with processes
             subprocess.run(["userdel", SQUATTER], check=False, timeout=30)
 
 
@@ -121,6 +122,7 @@ def test_a_squatter_on_node_0s_port_is_refused_and_runs_nothing_of_the_jobs(
     finally:
         squatting.kill()
         squatting.wait(timeout=60)
+        subprocess.run(["pkill", "-KILL", "-u", str(uid)], check=False, timeout=30)  # its hpctorch and workers too
         squat_log.close()
     squatted = (home / f"squatter-{job_id}.log").read_text()
     assert state == "FAILED", output[-3000:]
