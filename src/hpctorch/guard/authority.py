@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ..errors import HpctorchError
-from ..host.folders import private_dir, sweep, why_unsafe
+from ..host.folders import private_dir, replace_file, sweep, why_unsafe
 from ..plan.types import Plan
 
 MAC_HEX = 32
@@ -127,33 +127,37 @@ def node0_seal(run_id: str) -> Seal:
     return _made[run_id]
 
 
-def binding(plan: Plan, port: int | None = None) -> str:
+def binding(plan: Plan) -> str:
     """What a node-0 record is valid for: this run, this master endpoint, this user."""
-    return f"{plan.run_id}|{plan.master_addr}:{plan.master_port if port is None else port}|{os.getuid()}"
+    return f"{plan.run_id}|{plan.master_addr}:{plan.master_port}|{os.getuid()}"
+
+
+def _binding_mac(secret: bytes, bound: str) -> str:
+    return hmac.new(secret, bound.encode(), hashlib.sha256).hexdigest()
 
 
 def record_key(plan: Plan) -> str:
     return f"hpctorch/{plan.run_id}/authority"
 
 
-def publish(store, plan: Plan, port: int | None = None) -> Seal:  # type: ignore[no-untyped-def]
+def publish(store, plan: Plan) -> Seal:  # type: ignore[no-untyped-def]
     """Node 0: the record by which the others authenticate this store; the seal to use."""
     seal = node0_seal(plan.run_id)
-    bound = binding(plan, port)
+    bound = binding(plan)
     if seal.mechanism == "munge":
         payload = json.dumps({"binding": bound, "secret": seal._secret.hex()})
         token = {"by": "munge", "credential": munge_encode(payload)}
     else:
         token = {"by": "file", "in": _write_secret_file(plan, seal._secret),
-                 "mac": hmac.new(seal._secret, bound.encode(), hashlib.sha256).hexdigest()}
+                 "mac": _binding_mac(seal._secret, bound)}
     store.set(record_key(plan), json.dumps(token))
     return seal
 
 
-def verify(store, plan: Plan, timeout_s: float, port: int | None = None) -> Seal:  # type: ignore[no-untyped-def]
+def verify(store, plan: Plan, timeout_s: float) -> Seal:  # type: ignore[no-untyped-def]
     """Another node: node 0's record, authenticated, gives the seal; else AuthError in one line."""
     key = record_key(plan)
-    where = f"{plan.master_addr}:{plan.master_port if port is None else port}"
+    where = f"{plan.master_addr}:{plan.master_port}"
     try:
         store.wait([key], datetime.timedelta(seconds=max(0.1, timeout_s)))
         token = json.loads(bytes(store.get(key)))
@@ -163,14 +167,13 @@ def verify(store, plan: Plan, timeout_s: float, port: int | None = None) -> Seal
         raise AuthError(f"the store at {where} gave no hpctorch authority record within {timeout_s:.0f} s "
                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): it is not this job's node 0",
                         _FIX) from None
-    bound = binding(plan, port)
+    bound = binding(plan)
     by = token.get("by") if isinstance(token, dict) else None
     if by == "munge":
         seal = _accept_munge(str(token.get("credential", "")), bound, plan.run_id, where)
     elif by == "file":
         secret = _read_secret_file(plan, str(token.get("in", "home")), timeout_s, where)
-        expected = hmac.new(secret, bound.encode(), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(str(token.get("mac", "")), expected):
+        if not hmac.compare_digest(str(token.get("mac", "")), _binding_mac(secret, bound)):
             raise AuthError(f"the authority record at {where} does not match this job's secret file: it is not this job's "
                             "node 0", _FIX)
         seal = Seal(secret, plan.run_id, "file")
@@ -179,9 +182,9 @@ def verify(store, plan: Plan, timeout_s: float, port: int | None = None) -> Seal
     return seal
 
 
-def sealed(store, plan: Plan, timeout_s: float, serve: bool, port: int | None = None) -> SealedStore:  # type: ignore[no-untyped-def]
+def sealed(store, plan: Plan, timeout_s: float, serve: bool) -> SealedStore:  # type: ignore[no-untyped-def]
     """``store`` with this run's seal: published here when this node serves it, else checked."""
-    seal = publish(store, plan, port) if serve else verify(store, plan, timeout_s, port)
+    seal = publish(store, plan) if serve else verify(store, plan, timeout_s)
     return SealedStore(store, seal)
 
 
@@ -305,12 +308,7 @@ def _write_secret_file(plan: Plan, secret: bytes) -> str:
         try:
             os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
             private_dir(folder)
-            path = secret_path(folder, plan.run_id)
-            temporary = f"{path}.{os.getpid()}.new"
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(secret.hex())
-            os.replace(temporary, path)  # a rerun of the same run id replaces the earlier secret
+            replace_file(secret_path(folder, plan.run_id), secret.hex())  # a rerun of the same run id replaces the earlier one
         except (OSError, HpctorchError) as exc:
             reasons.append(f"{folder}: {getattr(exc, 'strerror', None) or exc}")
             continue
