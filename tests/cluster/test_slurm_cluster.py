@@ -273,7 +273,7 @@ def test_a_requeued_job_leaves_the_bad_nodes_out(cluster: Cluster, job_dir: Path
                       f"srun {' '.join(HPCTORCH)} run --requeue --nproc-per-node 1 {preemptible} --markers {markers}\n")
     out = job_dir / "out.txt"
     submitted = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "sbatch", "--parsable", "--requeue", "-N1",
-                                      "-w", "node1", "-o", str(out), str(script)], timeout=30)
+                                      "-w", "node1", "--open-mode=append", "-o", str(out), str(script)], timeout=30)
     job_id = submitted.stdout.strip()
     try:
         deadline = time.monotonic() + 120
@@ -287,6 +287,9 @@ def test_a_requeued_job_leaves_the_bad_nodes_out(cluster: Cluster, job_dir: Path
             shown = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env(), capture_output=True, text=True, timeout=10).stdout
             time.sleep(0.5)
         assert "Restarts=1" in shown and "ExcNodeList=node2" in shown, shown + out.read_text()[-2000:]
+        # The line travels through slurmstepd and srun after Slurm shows the change: waited for.
+        while "requeued; bad nodes left out" not in out.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert "requeued; bad nodes left out: node2" in out.read_text(), out.read_text()[-2000:]
     finally:
         subprocess.run(["scancel", job_id], env=cluster.env(), timeout=30, check=False)

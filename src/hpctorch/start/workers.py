@@ -122,17 +122,30 @@ def signal_processes(processes: Sequence[subprocess.Popen], sig: int) -> None:
 
 
 def requeue_if_preempted(plan: Plan, preempted: Sequence[int], requeue: bool) -> None:
-    """After a preemption signal, node 0 asks the scheduler to requeue the job."""
+    """After a preemption signal, node 0 asks the scheduler to requeue the job. The requeue ends
+    this very job, this process with it (Slurm's SIGTERM, then SIGKILL after its KillWait): the
+    signals that end it are held off until the line that says what was done is printed."""
     if not (requeue and preempted and plan.node_rank == 0 and plan.job_id):
         return
     command = list(plan.requeue)
     if not command:
         print(f"hpctorch: --requeue: {plan.scheduler} has no requeue command; not requeued", file=sys.stderr)
         return
+    from ..host.signals import STOP_SIGNALS
+
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        _requeue(plan, preempted, command)
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+
+
+def _requeue(plan: Plan, preempted: Sequence[int], command: Sequence[str]) -> None:
     nodes, note = _bad_nodes()
     refusal = _leave_out(plan, nodes) if nodes and plan.requeue_exclude else None
     try:
-        done = subprocess.run([*command, plan.job_id], capture_output=True, text=True, timeout=30)
+        done = subprocess.run([*command, plan.job_id or ""], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"hpctorch: --requeue: {command[0]} failed: {exc}", file=sys.stderr)
         return
@@ -146,6 +159,7 @@ def requeue_if_preempted(plan: Plan, preempted: Sequence[int], requeue: bool) ->
                 f"; could not leave out the bad nodes {shown}: {refusal}" if refusal is not None else f"; bad nodes left out: {shown}")
     outcome = "requeued" if done.returncode == 0 else f"not requeued: {done.stderr.strip()}"
     print(f"hpctorch: preempted by {signal.Signals(preempted[0]).name}; job {plan.job_id} {outcome}{note}", file=sys.stderr, flush=True)
+
 
 def mark_bad(plan: Plan, reason: str) -> None:
     from ..host import badnodes
@@ -169,22 +183,14 @@ def _bad_nodes() -> tuple[list[str], str]:
 
 def _leave_out_once_pending(plan: Plan, nodes: Sequence[str], within_s: float = REQUEUE_EXCLUDE_S) -> str | None:
     """Slurm changes the excluded nodes of a pending job only ("Job is no longer pending
-    execution" while it runs), and its requeue ends this very job, this process with it: so
-    the signals that end it are held off (the scheduler kills after its grace, KillWait) while
-    the change is tried again until the job waits pending, for ``within_s`` at most."""
-    from ..host.signals import STOP_SIGNALS
-
-    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
-    try:
-        deadline = time.monotonic() + within_s
-        while True:
-            refusal = _leave_out(plan, nodes)
-            if refusal is None or time.monotonic() > deadline:
-                return refusal
-            time.sleep(0.5)
-    finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
+    execution" while it runs): the change is tried again until the requeued job waits pending,
+    for ``within_s`` at most (the caller holds off the signals that end this process)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        refusal = _leave_out(plan, nodes)
+        if refusal is None or time.monotonic() > deadline:
+            return refusal
+        time.sleep(0.5)
 
 
 def _leave_out(plan: Plan, nodes: Sequence[str]) -> str | None:
