@@ -112,6 +112,62 @@ def test_this_node_measures_compute_memory_and_space() -> None:
     assert found["figures"]["compute_gflops"] > 0 and found["figures"]["memory_gbs"] > 0
     assert "/tmp" in found["figures"]["free_gb"]
     assert found["unmeasured"] == ["GPUs (none visible)"]
+    assert found["kinds"]["cpu"].startswith(measure.cpu_model()) and "threads" in found["kinds"]["cpu"]
+    assert found["kinds"]["memory"].endswith(" GiB") and "gpu" not in found["kinds"]
+
+
+def test_the_cpu_model_and_memory_size_are_read_as_the_kernel_writes_them(tmp_path: Path) -> None:
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7763 64-Core Processor\n\n"
+                   "processor\t: 1\nmodel name\t: AMD EPYC 7763 64-Core Processor\n")
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd4f\n")
+    assert measure.cpu_model(str(x86)) == "AMD EPYC 7763 64-Core Processor"
+    assert measure.cpu_model(str(arm)) == "CPU implementer 0x41 part 0xd4f"
+    sizes = {}
+    for name, kib in (("a", 263_812_000), ("b", 263_700_000), ("c", 395_000_000), ("d", 24_683_784), ("e", 527_000_000)):
+        (tmp_path / name).write_text(f"MemTotal:       {kib} kB\nMemFree:        1000 kB\n")
+        sizes[name] = measure.memory_size_gib(str(tmp_path / name))
+    # Two nodes of one kind agree, whatever the kernel keeps back; 256, 384, 512 GiB apart.
+    assert sizes == {"a": 256, "b": 256, "c": 384, "d": 24, "e": 512}
+    assert measure.memory_size_gib(str(tmp_path / "none")) is None
+
+
+def kinded(node: int, cpu: str, compute: float, memory: float = 10.0, **extra: Any) -> dict[str, Any]:
+    return {**record(node, compute=compute, memory=memory, **extra), "kinds": {"cpu": f"{cpu}, 64 threads", "memory": f"{cpu}, 256 GiB"}}
+
+
+def test_a_mixed_allocation_compares_like_with_like() -> None:
+    # Three Genoa nodes at ~200, two Milan at ~90: the minority is another machine, not a slow one.
+    records = {0: kinded(0, "Genoa", 200.0, 20.0), 1: kinded(1, "Genoa", 205.0, 21.0), 2: kinded(2, "Genoa", 198.0, 20.0),
+               3: kinded(3, "Milan", 90.0), 4: kinded(4, "Milan", 92.0)}
+    assert lines(records, 5) == []
+    assert judge.medians(records).startswith("compute 200 GFLOP/s (Genoa, 64 threads), compute 91 GFLOP/s (Milan, 64 threads), ")
+    # Compared with everyone, as before, both Milans were named slow.
+    plain = {n: {k: v for k, v in r.items() if k != "kinds"} for n, r in records.items()}
+    assert [f.line() for f in judge.judge(plain, 5)] == ["cx3: compute 90 GFLOP/s (median 198 GFLOP/s)", "cx4: compute 92 GFLOP/s (median 198 GFLOP/s)"]
+    # A slow Milan is named against the Milans' median, and the line says which median.
+    records[5] = kinded(5, "Milan", 30.0)
+    assert lines(records, 6) == ["cx5: compute 30 GFLOP/s (median 90 GFLOP/s of the 3 nodes with Milan, 64 threads)"]
+    assert judge.ranking(records, judge.judge(records, 6), 6)[0] == 5
+
+
+def test_a_node_alone_of_its_kind_is_said_not_compared() -> None:
+    records = {n: kinded(n, "Milan", 100.0) for n in range(3)}
+    records[3] = kinded(3, "Genoa", 30.0)
+    assert lines(records) == []
+    assert judge.unmeasured(records) == ["cx3's compute (Genoa, 64 threads), memory (Genoa, 256 GiB): no other node of its kind to compare with"]
+
+
+def test_gpus_are_compared_within_their_model() -> None:
+    def gpu_node(node: int, name: str, tflops: float) -> dict[str, Any]:
+        return {**record(node, gpus=[{"index": 0, "name": name, "tflops": tflops, "h2d_gbs": 25.0, "d2h_gbs": 25.0}]),
+                "kinds": {"cpu": "x", "memory": "x", "gpu": name}}
+
+    records = {0: gpu_node(0, "NVIDIA H100 80GB HBM3", 700.0), 1: gpu_node(1, "NVIDIA H100 80GB HBM3", 690.0),
+               2: gpu_node(2, "NVIDIA A100-SXM4-80GB", 280.0), 3: gpu_node(3, "NVIDIA A100-SXM4-80GB", 275.0),
+               4: gpu_node(4, "NVIDIA A100-SXM4-80GB", 100.0)}
+    assert lines(records, 5) == ["cx4: GPU compute 100 TFLOP/s (median 275 TFLOP/s of the 3 nodes with NVIDIA A100-SXM4-80GB)"]
 
 
 def test_the_ring_link_is_measured_on_real_sockets() -> None:

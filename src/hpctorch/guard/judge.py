@@ -1,11 +1,16 @@
 """Node 0's judgement of the screen's records: every measure against the job's median.
 
 Pure: records in, findings out. A node is named when a figure falls below ``threshold`` times
-the median of all nodes' figures (above median / threshold for a latency), or when it reports a
+the median of its kind's figures (above median / threshold for a latency), or when it reports a
 problem of its own (a full /tmp, a GPU NVML complains of, fewer active InfiniBand ports than the
 median node). The fabric figure of a node is the better of its two ring links (to its successor,
 from its predecessor): a slow link slows both its ends, so only a node whose both links are slow
 is the slow one.
+
+Like with like: each record says its kinds (``measure.kinds``: the CPU model and threads, the
+memory size, the GPU model), and a measure of the CPU, the memory or the GPUs is compared only
+among nodes of the same kind: in a mixed allocation the minority is another machine, not a slow
+one. A node alone of its kind has nothing to be compared with, and is said so.
 """
 
 from __future__ import annotations
@@ -95,16 +100,32 @@ def _say(key: str, value: float) -> str:
     return rate(value, "B/s", "G")
 
 
-# (measure named in the line, how a node's figure is read, key for units, lower is better)
-MEASURES: tuple[tuple[str, Callable[..., Any], str, bool], ...] = (
-    ("compute", lambda r, n, _i: _figure(r, n, "compute_gflops"), "compute_gflops", False),
-    ("memory", lambda r, n, _i: _figure(r, n, "memory_gbs"), "memory_gbs", False),
-    ("GPU compute", lambda r, n, _i: _gpu_min(r, n, "tflops"), "tflops", False),
-    ("host to GPU", lambda r, n, _i: _gpu_min(r, n, "h2d_gbs"), "h2d_gbs", False),
-    ("GPU to host", lambda r, n, _i: _gpu_min(r, n, "d2h_gbs"), "d2h_gbs", False),
-    ("fabric", lambda r, n, i: _fabric(r, n, "mbs", max, i), "mbs", False),
-    ("fabric latency", lambda r, n, i: _fabric(r, n, "rtt_us", min, i), "rtt_us", True),
+# (measure named in the line, how a node's figure is read, key for units, lower is better, the
+# kind of node it is compared within: "" for the fabric, whose figures are links, not machines)
+MEASURES: tuple[tuple[str, Callable[..., Any], str, bool, str], ...] = (
+    ("compute", lambda r, n, _i: _figure(r, n, "compute_gflops"), "compute_gflops", False, "cpu"),
+    ("memory", lambda r, n, _i: _figure(r, n, "memory_gbs"), "memory_gbs", False, "memory"),
+    ("GPU compute", lambda r, n, _i: _gpu_min(r, n, "tflops"), "tflops", False, "gpu"),
+    ("host to GPU", lambda r, n, _i: _gpu_min(r, n, "h2d_gbs"), "h2d_gbs", False, "gpu"),
+    ("GPU to host", lambda r, n, _i: _gpu_min(r, n, "d2h_gbs"), "d2h_gbs", False, "gpu"),
+    ("fabric", lambda r, n, i: _fabric(r, n, "mbs", max, i), "mbs", False, ""),
+    ("fabric latency", lambda r, n, i: _fabric(r, n, "rtt_us", min, i), "rtt_us", True, ""),
 )
+
+
+def kind_of(records: Mapping[int, Mapping[str, Any]], node: int, kind: str) -> str:
+    """The node's kind for a measure ("" where the record says none: compared with all alike)."""
+    kinds = records[node].get("kinds")
+    return str(kinds.get(kind) or "") if kind and isinstance(kinds, dict) else ""
+
+
+def by_kind(records: Mapping[int, Mapping[str, Any]], figures: Mapping[int, tuple[float, str | None]],
+            kind: str) -> dict[str, dict[int, tuple[float, str | None]]]:
+    """The figures of one measure, grouped by the nodes' kind for it."""
+    groups: dict[str, dict[int, tuple[float, str | None]]] = {}
+    for node, figure in figures.items():
+        groups.setdefault(kind_of(records, node, kind), {})[node] = figure
+    return groups
 
 
 def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: float = DEFAULT_THRESHOLD,
@@ -122,21 +143,23 @@ def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: floa
     if len({r.get("host") for r in records.values()}) < 2:
         return sorted(found, key=lambda f: f.node)  # processes sharing one machine (simulated nodes): no speed to compare
     into = incoming(records)
-    for measure, read, key, lower_better in MEASURES:
-        figures = _figures(records, read, into)
-        if len(figures) < 2:
-            continue
-        median = statistics.median(value for value, _ in figures.values())
-        for node, (value, words) in sorted(figures.items()):
-            if lower_better:
-                bad = value > median / threshold and value - median > LATENCY_FLOOR_US
-                shortfall = 1 - median / value if value else 0.0
-            else:
-                bad = value < threshold * median
-                shortfall = 1 - value / median if median else 0.0
-            if bad:
-                found.append(Finding(node, _host(records, node), measure, f"{words or _say(key, value)} (median {_say(key, median)})",
-                                     round(shortfall, 3)))
+    for measure, read, key, lower_better, kind in MEASURES:
+        groups = by_kind(records, _figures(records, read, into), kind)
+        for name, figures in groups.items():
+            if len(figures) < 2:
+                continue  # alone of its kind: nothing to compare with (``unmeasured`` says so)
+            median = statistics.median(value for value, _ in figures.values())
+            among = f" of the {len(figures)} nodes with {name}" if len(groups) > 1 else ""
+            for node, (value, words) in sorted(figures.items()):
+                if lower_better:
+                    bad = value > median / threshold and value - median > LATENCY_FLOOR_US
+                    shortfall = 1 - median / value if value else 0.0
+                else:
+                    bad = value < threshold * median
+                    shortfall = 1 - value / median if median else 0.0
+                if bad:
+                    found.append(Finding(node, _host(records, node), measure,
+                                         f"{words or _say(key, value)} (median {_say(key, median)}{among})", round(shortfall, 3)))
     found += _infiniband(records)
     return sorted(found, key=lambda f: f.node)
 
@@ -169,13 +192,15 @@ def _figures(records: Mapping[int, Mapping[str, Any]], read: Callable, into: Map
 
 
 def medians(records: Mapping[int, Mapping[str, Any]]) -> str:
-    """Each measure's median over the nodes, in words: ``compute 68.4 GFLOP/s, fabric 2.3 GB/s, ...``."""
+    """Each measure's median over the nodes, in words: ``compute 68.4 GFLOP/s, fabric 2.3 GB/s, ...``;
+    per kind where the nodes are of several (``compute 68.4 GFLOP/s (AMD EPYC 7763, 64 threads) ...``)."""
     said = []
     into = incoming(records)
-    for measure, read, key, _lower in MEASURES:
-        figures = _figures(records, read, into)
-        if figures:
-            said.append(f"{measure} {_say(key, statistics.median(value for value, _ in figures.values()))}")
+    for measure, read, key, _lower, kind in MEASURES:
+        groups = by_kind(records, _figures(records, read, into), kind)
+        for name, figures in sorted(groups.items()):
+            median = _say(key, statistics.median(value for value, _ in figures.values()))
+            said.append(f"{measure} {median}" + (f" ({name})" if len(groups) > 1 else ""))
     return ", ".join(said)
 
 
@@ -189,28 +214,42 @@ def _infiniband(records: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
 
 
 def unmeasured(records: Mapping[int, Mapping[str, Any]]) -> list[str]:
-    """What was not measured, said once for all the nodes that could not."""
+    """What was not measured, said once for all the nodes that could not; and what could not be
+    judged: a node alone of its kind."""
     counts: dict[str, int] = {}
     for record in records.values():
         for what in record.get("unmeasured", []):
             counts[what] = counts.get(what, 0) + 1
-    return [f"{what} on {count} node{'s' if count != 1 else ''}" for what, count in sorted(counts.items())]
+    said = [f"{what} on {count} node{'s' if count != 1 else ''}" for what, count in sorted(counts.items())]
+    if len({r.get("host") for r in records.values()}) < 2:
+        return said
+    into = incoming(records)
+    alone: dict[int, list[str]] = {}
+    for measure, read, _key, _lower, kind in MEASURES:
+        groups = by_kind(records, _figures(records, read, into), kind)
+        if len(groups) > 1:
+            for name, figures in groups.items():
+                if len(figures) == 1:
+                    alone.setdefault(next(iter(figures)), []).append(f"{measure} ({name or 'kind unknown'})")
+    said += [f"{_host(records, node)}'s {', '.join(measures)}: no other node of its kind to compare with"
+             for node, measures in sorted(alone.items())]
+    return said
 
 
 def ranking(records: Mapping[int, Mapping[str, Any]], findings: list[Finding], nnodes: int) -> list[int]:
     """Every node from worst to best: a node that sent no record before any that did (a job that
-    keeps it waits for it), then the most findings, then the lowest figure relative to its median,
-    over every measure (a latency inverted)."""
+    keeps it waits for it), then the most findings, then the lowest figure relative to its kind's
+    median, over every measure (a latency inverted)."""
     into = incoming(records)
     worst: dict[int, float] = {n: 1.0 if n in records else -1.0 for n in range(nnodes)}  # a node that sent nothing is the worst
-    for _measure, read, _key, lower_better in MEASURES:
-        figures = _figures(records, read, into)
-        if len(figures) < 2:
-            continue
-        median = statistics.median(value for value, _ in figures.values())
-        for node, (value, _words) in figures.items():
-            ratio = (median / value if value else 0.0) if lower_better else (value / median if median else 1.0)
-            worst[node] = min(worst[node], ratio)
+    for _measure, read, _key, lower_better, kind in MEASURES:
+        for figures in by_kind(records, _figures(records, read, into), kind).values():
+            if len(figures) < 2:
+                continue
+            median = statistics.median(value for value, _ in figures.values())
+            for node, (value, _words) in figures.items():
+                ratio = (median / value if value else 0.0) if lower_better else (value / median if median else 1.0)
+                worst[node] = min(worst[node], ratio)
     counts = {n: 0 for n in range(nnodes)}
     for finding in findings:
         counts[finding.node] += 1

@@ -73,6 +73,53 @@ def memory_gbs(window_s: float = MEMORY_S) -> float:
     return best_rate(copy, window_s, MEMORY_BYTES / 1e9, cpu_time=True)
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model as the kernel names it (x86's ``model name``; ARM's implementer and part)."""
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as source:
+            for line in source:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    if fields.get("model name"):
+        return " ".join(fields["model name"].split())
+    if fields.get("CPU part"):
+        return f"CPU implementer {fields.get('CPU implementer', '?')} part {fields['CPU part']}"
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+MEMORY_SIZES_GIB = tuple(sorted({size << shift for size in (2, 3) for shift in range(0, 14)}))
+"""Installed memory comes in powers of two and their one-and-a-half (192, 384, 768 GiB)."""
+
+
+def memory_size_gib(meminfo: str = "/proc/meminfo") -> int | None:
+    """The installed memory, in GiB: the common size nearest MemTotal (what the kernel leaves
+    the system: 1 to 3% under the installed size), so two nodes of one kind agree."""
+    try:
+        with open(meminfo, encoding="utf-8") as source:
+            total_kib = next(int(line.split()[1]) for line in source if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    total = total_kib / (1 << 20)
+    return min(MEMORY_SIZES_GIB, key=lambda size: abs(size - total / 0.98) / size)
+
+
+def kinds(gpu_names: list[str]) -> dict[str, str]:
+    """What this node's figures are comparable with: nodes of another CPU model, thread count,
+    memory size or GPU model measure other figures and are judged among their own kind."""
+    import torch
+
+    model, size = cpu_model(), memory_size_gib()
+    said = {"cpu": f"{model}, {torch.get_num_threads()} threads", "memory": f"{model}, {size} GiB" if size else model}
+    if gpu_names:
+        said["gpu"] = " + ".join(sorted(set(gpu_names)))
+    return said
+
+
 def free_space() -> dict[str, float]:
     """Free gigabytes in each of FREE_SPACE_PATHS that exists here."""
     found = {}
@@ -139,7 +186,7 @@ def _gpu(torch: Any, index: int) -> dict[str, Any]:
     on_device = torch.empty_like(host, device=device)
     up, up_s = timed(lambda: on_device.copy_(host, non_blocking=True), COPY_S, lambda: torch.cuda.synchronize(device))
     down, down_s = timed(lambda: host.copy_(on_device, non_blocking=True), COPY_S, lambda: torch.cuda.synchronize(device))
-    return {"index": index, "tflops": round(2 * MATRIX_GPU**3 * count / took / 1e12, 2),
+    return {"index": index, "name": torch.cuda.get_device_name(device), "tflops": round(2 * MATRIX_GPU**3 * count / took / 1e12, 2),
             "h2d_gbs": round(host.numel() * up / up_s / 1e9, 2), "d2h_gbs": round(host.numel() * down / down_s / 1e9, 2)}
 
 
@@ -223,4 +270,5 @@ def this_node(use_gpus: bool) -> dict[str, Any]:
     if ports:
         figures["ib_ports"] = ports
         figures["ib_active"] = sum(1 for p in ports.values() if p["state"] == "ACTIVE")
-    return {"figures": figures, "problems": problems, "unmeasured": unmeasured}
+    return {"figures": figures, "problems": problems, "unmeasured": unmeasured,
+            "kinds": kinds([str(gpu.get("name", "")) for gpu in figures.get("gpus", [])])}
