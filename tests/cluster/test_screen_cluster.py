@@ -86,6 +86,12 @@ def test_a_shaped_link_is_named_and_fail_stops_before_the_workers(cluster: Clust
     assert toy_ranks(output) == []
     listed = [json.loads(line) for line in (job_dir / "bad-nodes.jsonl").read_text().splitlines()]
     assert [e["node"] for e in listed] == ["node3"] and "fabric" in listed[0]["reason"]
+    # Its evidence: the rule in the reason, the figures beside it (the link's figure under half its median).
+    assert listed[0]["reason"].endswith("(named below 0.5x the median of its kind)"), listed[0]["reason"]
+    evidence = listed[0]["evidence"]
+    assert evidence["by"] == "screen" and evidence["threshold"] == 0.5
+    fabric = next(f for f in evidence["findings"] if f["measure"] == "fabric")
+    assert fabric["key"] == "mbs" and fabric["value"] < 0.5 * fabric["median"], evidence
     # The next job's script leaves it out.
     dry = subprocess.run([PYTHON, "-m", "hpctorch", "submit", "--dry-run", "--scheduler", "slurm", "--nodes", "2", "--time", "10", TOY],
                          env={**cluster.env(), "HPCTORCH_BAD_NODES": str(job_dir / "bad-nodes.jsonl")}, capture_output=True, text=True, timeout=60)
@@ -98,6 +104,9 @@ def test_a_throttled_cpu_is_named_and_warn_goes_on(cluster: Cluster, job_dir: Pa
     assert any(line.startswith(f"hpctorch: screen: {throttled_cpu}: compute ") for line in screen_lines(output)), output[-3000:]
     assert not [line for line in screen_lines(output) if line.startswith(("hpctorch: screen: node1:", "hpctorch: screen: node2:"))], output[-3000:]
     assert {f["host"] for f in summary["screen"]["findings"]} == {throttled_cpu}
+    compute = next(f for f in summary["screen"]["findings"] if f["measure"] == "compute")
+    # Compared with its kind (the three nodes are one machine: one CPU model, one thread each).
+    assert compute["value"] < 0.5 * compute["median"] and compute["kind"].endswith(", 1 thread"), compute
     assert len(toy_ranks(output)) == 3  # warn: the job ran anyway
 
 

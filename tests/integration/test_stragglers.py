@@ -60,6 +60,11 @@ def test_the_slow_rank_of_simulated_nodes_is_named_through_the_store(tmp_path) -
     assert set(ranks) == {0, 1, 2}
     assert ranks[1]["inside_share"] + 0.2 < min(ranks[0]["inside_share"], ranks[2]["inside_share"]), ranks
     assert "time inside collectives, per rank" in done.stderr
+    # The verdict again at the end, with its evidence and rule, in words and in the JSON.
+    assert "hpctorch: stragglers named during the run (others waiting 20% or more of their time, over 6 s windows):" in done.stderr
+    verdicts = summary["stragglers_named"]
+    assert [v["ranks"] for v in verdicts] == [[1]] and verdicts[0]["threshold"] == 0.2 and verdicts[0]["window_s"] == 6, verdicts
+    assert verdicts[0]["others_wait"] >= 0.2 and verdicts[0]["judgements"] >= 1
     assert not (tmp_path / "bad").exists()  # simulated nodes are this machine: never on the bad-node list
 
 
@@ -67,6 +72,7 @@ def test_the_slow_rank_of_one_node_is_named_by_its_supervisor(tmp_path) -> None:
     done, summary = run(tmp_path, "--nproc-per-node", "3", SLOW_RANK="2")
     assert [line.split(" (")[0] for line in straggler_lines(done)] == ["hpctorch: straggler: rank 2"], done.stderr[-3000:]
     assert len(summary["ranks"]) == 3
+    assert [v["ranks"] for v in summary["stragglers_named"]] == [[2]], summary["stragglers_named"]
 
 
 def test_a_balanced_job_names_nobody_and_off_leaves_no_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -74,7 +80,7 @@ def test_a_balanced_job_names_nobody_and_off_leaves_no_trace(tmp_path) -> None: 
     # a rank back a few milliseconds a step, which a 5 ms step would show as straggling (true, and
     # not the job's fault); steps of 30 ms of other work keep that well under the threshold.
     done, summary = run(tmp_path, "--simulate-nodes", "2", "--nproc-per-node", "2", STEPS="200", PAUSE="0.03")
-    assert straggler_lines(done) == [], done.stderr[-3000:]
+    assert straggler_lines(done) == [] and summary["stragglers_named"] == [], done.stderr[-3000:]
     assert len(summary["ranks"]) == 4 and all(row["collectives"] > 0 for row in summary["ranks"])
     folder = f"/dev/shm/hpctorch-{os.getuid()}/stragglers"
     before = set(os.listdir(folder)) if os.path.isdir(folder) else set()

@@ -112,7 +112,7 @@ def test_this_node_measures_compute_memory_and_space() -> None:
     assert found["figures"]["compute_gflops"] > 0 and found["figures"]["memory_gbs"] > 0
     assert "/tmp" in found["figures"]["free_gb"]
     assert found["unmeasured"] == ["GPUs (none visible)"]
-    assert found["kinds"]["cpu"].startswith(measure.cpu_model()) and "threads" in found["kinds"]["cpu"]
+    assert found["kinds"]["cpu"].startswith(measure.cpu_model()) and " thread" in found["kinds"]["cpu"]
     assert found["kinds"]["memory"].endswith(" GiB") and "gpu" not in found["kinds"]
 
 

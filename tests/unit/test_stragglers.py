@@ -14,7 +14,7 @@ import pytest
 from hpctorch.errors import HpctorchError
 from hpctorch.guard import straggler_worker, stragglers
 from hpctorch.guard.stragglers import NodeWindow, Settings, judge
-from hpctorch.guard.summary import per_rank, table
+from hpctorch.guard.summary import named, per_rank, table
 from hpctorch.plan.types import Plan
 
 from ..conftest import ROOT, clean_env
@@ -335,7 +335,20 @@ def test_a_node_goes_on_the_bad_node_list_only_after_two_windows_on_end(tmp_path
         if t == 25:
             assert said and not (tmp_path / "bad.jsonl").exists()  # named in the spell, not listed
     assert [entry.node for entry in badnodes.current(os.environ)] == ["cx0"]
-    assert badnodes.current(os.environ)[0].reason.startswith("straggler: rank 2 (cx0)")
+    entry = badnodes.current(os.environ)[0]
+    assert entry.reason.startswith("straggler: rank 2 (cx0)")
+    # The verdict keeps its evidence and its rule: in words in the reason, in figures beside it.
+    assert entry.reason.endswith("(named at 20% or more of the others' time spent waiting, over 10 s; "
+                                 "a quota holding a node back in 50% of periods)"), entry.reason
+    assert entry.evidence == {"by": "stragglers", "node": "cx0", "ranks": [2], "whole_node": False, "others_wait": 0.4,
+                              "threshold": 0.2, "window_s": 10, "compute_ratio": 2.0, "throttled": 0.8, "throttled_at": 0.5}
+    # The closing summary's record: each straggler once, when first and last named, how often.
+    verdict = watch.verdicts["rank 2"]
+    assert (verdict["first_s"], verdict["last_s"], verdict["judgements"]) == (5.0, 60.0, 10)
+    assert verdict["line"].startswith("straggler: rank 2 (cx0) computes 2.0x the median step")
+    lines = named(list(watch.verdicts.values()))
+    assert lines[0] == "hpctorch: stragglers named during the run (others waiting 20% or more of their time, over 10 s windows):"
+    assert lines[1].startswith("  rank 2 (cx0) computes 2.0x") and lines[1].endswith("(in 10 judgements from 5.0 s to 60.0 s)")
 
 
 def test_a_node_held_back_by_its_cpu_quota_is_named_while_the_others_wait() -> None:

@@ -34,6 +34,11 @@ class Finding:
     detail: str
     shortfall: float
     """How far below the median (0: a problem judged on its own, 1: missing); orders spares."""
+    value: float | None = None
+    median: float | None = None
+    """A figure's finding: the node's figure, its kind's median (in the measure's units, ``key``)."""
+    key: str = ""
+    kind: str = ""
 
     def line(self) -> str:
         return f"{self.host}: {self.measure} {self.detail}"
@@ -159,7 +164,8 @@ def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: floa
                     shortfall = 1 - value / median if median else 0.0
                 if bad:
                     found.append(Finding(node, _host(records, node), measure,
-                                         f"{words or _say(key, value)} (median {_say(key, median)}{among})", round(shortfall, 3)))
+                                         f"{words or _say(key, value)} (median {_say(key, median)}{among})", round(shortfall, 3),
+                                         value, median, key, name))
     found += _infiniband(records)
     return sorted(found, key=lambda f: f.node)
 

@@ -114,7 +114,8 @@ def kinds(gpu_names: list[str]) -> dict[str, str]:
     import torch
 
     model, size = cpu_model(), memory_size_gib()
-    said = {"cpu": f"{model}, {torch.get_num_threads()} threads", "memory": f"{model}, {size} GiB" if size else model}
+    threads = torch.get_num_threads()
+    said = {"cpu": f"{model}, {threads} thread{'s' if threads != 1 else ''}", "memory": f"{model}, {size} GiB" if size else model}
     if gpu_names:
         said["gpu"] = " + ".join(sorted(set(gpu_names)))
     return said

@@ -74,7 +74,8 @@ class Helper:
         self.connected = self.connected or bool(message.get("connected"))
         self.abort = self.abort or message.get("abort")
         if "final" in message:  # JSON keys are strings; node numbers are not
-            self.final = {"final": {kind: {int(n): v for n, v in values.items()} for kind, values in message["final"].items()},
+            self.final = {"final": {kind: {int(n): v for n, v in values.items()} if isinstance(values, dict) else values
+                                    for kind, values in message["final"].items()},
                           "teardown": message.get("teardown") or []}
 
     def end(self, how: str, line: str = "", stacks: tuple[list[dict], str | None] | None = None, wait_s: float = 15.0) -> dict:

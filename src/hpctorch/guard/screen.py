@@ -263,8 +263,11 @@ def report(plan: Plan, outcome: Screened, threshold: float, action: str, env: Ma
             for node in outcome.bad_nodes:
                 reason = "; ".join(f["line"] for f in outcome.findings if f["node"] == node)
                 name = plan.nodes[node] if node < len(plan.nodes) else host_of(outcome, node)
+                rule = f" (named below {threshold:g}x the median of its kind)" if any(f.get("median") is not None for f in outcome.findings
+                                                                                        if f["node"] == node) else ""
+                evidence = {"by": "screen", "threshold": threshold, "findings": [f for f in outcome.findings if f["node"] == node]}
                 try:
-                    badnodes.add(env, [name], f"screen: {reason}"[:300], plan.job_id)
+                    badnodes.add(env, [name], f"screen: {reason}"[:300 - len(rule)] + rule, plan.job_id, evidence)
                 except (OSError, HpctorchError) as exc:
                     print(f"hpctorch: screen: could not add {name} to the bad-node list: {exc}", file=sys.stderr, flush=True)
     kept_bad = [n for n in outcome.bad_nodes if n not in outcome.spares]

@@ -100,6 +100,18 @@ class Straggler:
     def key(self) -> str:
         return self.node if self.whole_node else f"rank {self.ranks[0]}"
 
+    def evidence(self, settings: "Settings") -> dict[str, object]:
+        """What the verdict rests on, for the bad-node list and the closing summary: the figures,
+        what they were compared with, and the rule."""
+        said: dict[str, object] = {"by": "stragglers", "node": self.node, "ranks": list(self.ranks), "whole_node": self.whole_node,
+                                   "others_wait": round(self.others_wait, 4), "threshold": settings.threshold,
+                                   "window_s": settings.window_s}
+        if self.compute_ratio > 0:
+            said["compute_ratio"] = round(self.compute_ratio, 3)
+        if self.throttled is not None:
+            said.update(throttled=self.throttled, throttled_at=THROTTLED_AT)
+        return said
+
     def line(self) -> str:
         who = (f"node {self.node} ({_ranks(self.ranks)})" if self.whole_node else f"rank {self.ranks[0]} ({self.node})")
         quota = (f"its CPU quota held it back in {self.throttled:.0%} of the scheduler's periods (cgroup cpu.stat)"
@@ -108,6 +120,11 @@ class Straggler:
             return f"hpctorch: straggler: {who}: {quota}, while the others spend {self.others_wait:.0%} of their time inside collectives"
         return (f"hpctorch: straggler: {who} computes {self.compute_ratio:.1f}x the median step "
                 f"(others wait {self.others_wait:.0%} of each step for it)" + (f"; {quota}" if quota else ""))
+
+    def rule(self, settings: "Settings") -> str:
+        """The rule it was judged by, in words: said with the verdict where it is kept."""
+        return (f"named at {settings.threshold:.0%} or more of the others' time spent waiting, over {settings.window_s:g} s"
+                + (f"; a quota holding a node back in {THROTTLED_AT:.0%} of periods" if self.throttled is not None else ""))
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -297,6 +314,11 @@ class Watch:
         """Per node in its present spell: the most its CPU quota held it back (the evidence to list it)."""
         """When each node named in the last judgement was first named without a break."""
         self.listed: set[str] = set()
+        self.started: float | None = None
+        """The first judgement's clock: verdicts say their times from it."""
+        self.verdicts: dict[str, dict[str, object]] = {}
+        """Per straggler named in this run (node 0): its latest evidence, when first and last
+        named, and in how many judgements; the closing summary's ``stragglers_named``."""
         self.requests = 0
         self._all_published = False
 
@@ -309,6 +331,7 @@ class Watch:
         store.set(self.key(self.plan.node_rank), json.dumps({"w": {}, "all": {}}))
 
     def step(self, store, now: float) -> list[Straggler]:  # type: ignore[no-untyped-def]
+        started = self.started = now if self.started is None else self.started
         self.window.read()
         self.window.sample_cgroups(now)
         record: dict = {"w": self.window.shares(), "all": self.window.totals(), "h": self.host}
@@ -334,6 +357,10 @@ class Watch:
                 held[straggler.node] = max(held.get(straggler.node, 0.0), straggler.throttled)
         self.held_back = held
         for straggler in found:
+            kept = self.verdicts.get(straggler.key) or {"first_s": round(now - started, 1), "judgements": 0}
+            self.verdicts[straggler.key] = {**straggler.evidence(self.settings), "line": straggler.line().removeprefix("hpctorch: "),
+                                            "first_s": kept["first_s"], "last_s": round(now - started, 1),
+                                            "judgements": int(kept["judgements"]) + 1}  # type: ignore[call-overload]
             if now - self.said.get(straggler.key, -REPEAT_S) >= REPEAT_S:
                 self.said[straggler.key] = now
                 self.say(straggler.line())
@@ -369,9 +396,9 @@ class Watch:
             return
         from ..host import badnodes
 
-        reason = f"straggler: {straggler.line().split(': ', 2)[-1]}"
+        reason = f"straggler: {straggler.line().split(': ', 2)[-1]} ({straggler.rule(self.settings)})"
         try:
-            badnodes.add(os.environ, [straggler.node], reason, self.plan.job_id)
+            badnodes.add(os.environ, [straggler.node], reason, self.plan.job_id, straggler.evidence(self.settings))
         except Exception as exc:  # noqa: BLE001 - advice for the next job, never in this one's way
             self.say(f"hpctorch: {straggler.node} not added to the bad-node list: {exc}")
 
@@ -412,7 +439,7 @@ class Alone:
         """The closing summary's part (``final["stragglers"]``)."""
         self._stop.set()
         self._thread.join(timeout=5)
-        return {"stragglers": self.watch.local_final()}
+        return {"stragglers": self.watch.local_final(), "stragglers_named": list(self.watch.verdicts.values())}
 
 
 def _hostname() -> str:

@@ -28,6 +28,8 @@ class Summary:
     """Per rank, its share of the run inside collectives (the straggler watch), by rank."""
     replaced: tuple[int, ...] = ()
     """Node ranks that left the job to a hot spare (``--spare-nodes`` with ``--max-restarts``)."""
+    stragglers_named: tuple[dict, ...] = ()
+    """Each straggler the watch named during the run, with its evidence and rule (``Straggler.evidence``)."""
 
     @classmethod
     def of(cls, plan: Plan, exit_code: int, wall_s: float, final: Mapping[str, Mapping[int, object]],
@@ -37,11 +39,13 @@ class Summary:
         ranks = per_rank(final.get("stragglers") or {}, plan)  # type: ignore[arg-type]
         return cls(exit_code, wall_s, tuple(names), tuple(n for n, ok in sorted(done.items()) if ok),
                    {int(n): float(s) for n, s in (final.get("start_s") or {}).items()}, logs, failure,  # type: ignore[arg-type]
-                   tuple(ranks), tuple(sorted(int(n) for n in (final.get("replaced") or {}))))
+                   tuple(ranks), tuple(sorted(int(n) for n in (final.get("replaced") or {}))),
+                   tuple(v for v in (final.get("stragglers_named") or ()) if isinstance(v, dict)))
 
     def lines(self) -> list[str]:
-        """The closing line, then the per-rank table of time inside collectives where measured."""
-        return [self.line(), *table(self.ranks)]
+        """The closing line, the stragglers named during the run (each with its evidence), then
+        the per-rank table of time inside collectives where measured."""
+        return [self.line(), *named(self.stragglers_named), *table(self.ranks)]
 
     def line(self) -> str:
         if self.exit_code == 0:
@@ -75,6 +79,7 @@ class Summary:
         data["succeeded"] = [self.nodes[n] for n in self.succeeded]
         data["replaced"] = [self.nodes[n] for n in self.replaced]
         data["ranks"] = list(self.ranks)
+        data["stragglers_named"] = list(self.stragglers_named)
         with open(path, "w", encoding="utf-8") as out:
             json.dump(data, out, indent=2)
             out.write("\n")
@@ -89,6 +94,22 @@ def per_rank(totals: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan) ->
                 rows.append({"rank": rank, "node": node_name(plan, node), "inside_share": round(inside / span, 4),
                              "inside_s": inside, "measured_s": span, "collectives": int(count)})
     return sorted(rows, key=lambda row: row["rank"])
+
+
+def named(verdicts: Sequence[dict]) -> list[str]:
+    """The stragglers named while the job ran: what, when, how often, and by which rule."""
+    if not verdicts:
+        return []
+    first = verdicts[0]
+    lines = [f"hpctorch: stragglers named during the run (others waiting {first.get('threshold', 0):.0%} or more of their time, "
+             f"over {first.get('window_s', 0):g} s windows):"]
+    for verdict in verdicts[:SHOWN_RANKS]:
+        when = (f"at {verdict.get('first_s')} s" if verdict.get("judgements") == 1 else
+                f"in {verdict.get('judgements')} judgements from {verdict.get('first_s')} s to {verdict.get('last_s')} s")
+        lines.append(f"  {str(verdict.get('line', '')).removeprefix('straggler: ')} ({when})")
+    if len(verdicts) > SHOWN_RANKS:
+        lines.append(f"  ... and {len(verdicts) - SHOWN_RANKS} more (--summary-json has them all)")
+    return lines
 
 
 def table(rows: Sequence[dict]) -> list[str]:

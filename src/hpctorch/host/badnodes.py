@@ -2,7 +2,8 @@
 job asks the scheduler to leave out (``hpctorch submit``, ``run --requeue``).
 
 One file on the shared home (``HPCTORCH_BAD_NODES`` names another), one JSON line per event:
-``{"node", "reason", "time", "job"}`` adds a node, ``{"remove": node, "time"}`` takes it back,
+``{"node", "reason", "time", "job", "evidence"}`` adds a node (an automatic verdict keeps what it
+rests on in ``evidence``: the figures, what they were compared with, the rule), ``{"remove": node, "time"}`` takes it back,
 and an entry expires ``HPCTORCH_BAD_NODES_DAYS`` (default 7) days after it was added. Lines
 are appended in one write each (no lost update when two jobs end at once); the file is
 rewritten, expired lines dropped, when it has grown long. ``hpctorch badnodes`` manages it.
@@ -33,6 +34,8 @@ class Entry:
     reason: str
     time: float
     job: str | None = None
+    evidence: object = None
+    """An automatic verdict's figures and rule (``stragglers``, ``screen``); None when a person added it."""
 
 
 def path(env: Mapping[str, str]) -> str:
@@ -69,7 +72,7 @@ def current(env: Mapping[str, str], now: float | None = None) -> list[Entry]:
             entries.pop(str(record["remove"]), None)
         elif isinstance(record.get("node"), str):
             entries[record["node"]] = Entry(record["node"], str(record.get("reason", "")), float(record.get("time", 0)),
-                                            record.get("job"))
+                                            record.get("job"), record.get("evidence"))
     return sorted((e for e in entries.values() if now - e.time < keep_s), key=lambda e: e.node)
 
 
@@ -78,13 +81,14 @@ def names(env: Mapping[str, str]) -> list[str]:
     return [entry.node for entry in current(env)]
 
 
-def add(env: Mapping[str, str], nodes: Iterable[str], reason: str, job: str | None = None) -> None:
+def add(env: Mapping[str, str], nodes: Iterable[str], reason: str, job: str | None = None, evidence: object = None) -> None:
     nodes = list(nodes)
     for node in nodes:
         if not _NAME.match(node):
             raise HpctorchError(f"{node!r} is no host name", "give the node's name as the scheduler lists it (e.g. nid001234)")
     now = time.time()
-    _append(env, [{"node": node, "reason": reason, "time": now, "job": job} for node in nodes])
+    extra = {"evidence": evidence} if evidence is not None else {}
+    _append(env, [{"node": node, "reason": reason, "time": now, "job": job, **extra} for node in nodes])
 
 
 def remove(env: Mapping[str, str], nodes: Iterable[str]) -> None:
