@@ -8,7 +8,7 @@ rendezvous: torch's agent assigns ranks and runs its exit barrier through it) an
 ``<run id>.workers``, which every worker's ``init_process_group`` uses instead of env://
 (``_worker.py`` puts torch's file store behind the env:// scheme when HPCTORCH_FILE_STORE
 is set: the script is unchanged). FileStore removes its file once every user closed it;
-node 0 removes what a failed run left.
+node 0 removes what a failed run left, and the workers' file after a run that succeeded.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ def paths(directory: str, run_id: str) -> tuple[str, str]:
     return os.path.join(directory, f"hpctorch-{safe}.agents"), os.path.join(directory, f"hpctorch-{safe}.workers")
 
 
-def remove(directory: str, run_id: str) -> None:
-    for path in paths(directory, run_id):
+def remove(directory: str, run_id: str, workers_only: bool = False) -> None:
+    """What a run left: both stores after a failure; after a success the workers' alone (torch's
+    exit barrier, through the agents' store, has passed on every node: no worker uses it, but a
+    worker that exited without destroying its store leaves the file behind)."""
+    for path in paths(directory, run_id)[1 if workers_only else 0:]:
         try:
             os.remove(path)
         except OSError:

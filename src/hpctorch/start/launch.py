@@ -288,11 +288,11 @@ def run_per_node(
             print("\n".join(summary.lines()), file=sys.stderr, flush=True)
         if summary_json:
             summary.write_json(summary_json)
-    if failure is not None:
-        if plan.rdzv_backend == "file" and plan.is_master:
-            from .filestore import remove
+    if plan.rdzv_backend == "file" and plan.is_master:
+        from .filestore import remove
 
-            remove(plan.rdzv_conf["path"], plan.run_id)  # a failed run's stores would confuse the next one
+        remove(plan.rdzv_conf["path"], plan.run_id, workers_only=failure is None)  # a failed run's stores would confuse the next one
+    if failure is not None:
         raise failure
 
 
