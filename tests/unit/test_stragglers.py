@@ -100,7 +100,7 @@ def test_the_threshold_moves_the_line() -> None:
 
 
 def test_median_without_one_value() -> None:
-    from hpctorch.guard.stragglers import _median_without
+    from hpctorch.guard.straggler_judge import _median_without
 
     assert _median_without([1, 2, 3, 4], 1) == 3
     assert _median_without([1, 2, 3, 4], 4) == 2

@@ -5,7 +5,7 @@ Each worker keeps its running time inside collectives in a file of the node's pr
 (``straggler_worker``). Every ``PUBLISH_S`` each node's watchdog turns its ranks' files into the
 share of the last ``window_s`` each rank spent inside collectives, and sets that as one small
 record, ``hpctorch/<run id>/straggle/<node>``: one request per node per 10 s, whatever N. Node 0
-reads all records in one ``multi_get`` and judges (``judge``, pure): a rank that spends at least
+reads all records in one ``multi_get`` and judges (``straggler_judge``, pure): a rank that spends at least
 ``threshold`` (default 0.2) less of its time inside collectives than the median of the others is
 the one they wait for; so is a node whose CPU quota held its ranks back in half of the
 scheduler's periods (its workers' cgroup ``cpu.stat``) while the others wait: frozen inside a
@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from ..errors import HpctorchError
 from ..plan.types import Plan
+from .straggler_judge import Straggler, judge, node_name
 
 MODE_ENV, THRESHOLD_ENV, WINDOW_ENV = "HPCTORCH_STRAGGLERS", "HPCTORCH_STRAGGLER_THRESHOLD", "HPCTORCH_STRAGGLER_WINDOW_S"
 DEFAULT_THRESHOLD = 0.2
@@ -41,13 +41,7 @@ REPEAT_S = 300.0
 LIST_AFTER_WINDOWS = 2
 """A node goes on the bad-node list once named in every judgement for this many windows: rank 0's
 evaluation or checkpoint makes everyone wait for a while, and is no fault of its node."""
-THROTTLED_AT = 0.5
-"""A node whose CPU quota held its ranks back in at least this share of the scheduler's periods
-(cgroup ``cpu.stat``) is named while the others wait: frozen inside a collective it slows everyone
-alike, and its share of time inside collectives alone would not show it."""
 MIN_PERIODS = 20
-MIN_COLLECTIVES = 3
-"""Collectives a rank must have finished in a window to be judged (a rank that only started)."""
 SHOWN_RANKS = 16
 
 
@@ -82,130 +76,6 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         return float(env.get(name) or default)
     except ValueError:
         raise HpctorchError(f"{name}={env.get(name)} is not a number", f"give a number, or unset {name}") from None
-
-
-@dataclass(frozen=True)
-class Straggler:
-    ranks: tuple[int, ...]
-    node: str
-    compute_ratio: float
-    """The straggler's time outside collectives over the median rank's."""
-    others_wait: float
-    """The share of the others' time spent waiting for it: the median share inside collectives minus its own."""
-    whole_node: bool
-    throttled: float | None = None
-    """The share of the scheduler's periods in which its CPU quota held it back, where one did."""
-
-    @property
-    def key(self) -> str:
-        return self.node if self.whole_node else f"rank {self.ranks[0]}"
-
-    def evidence(self, settings: "Settings") -> dict[str, object]:
-        """What the verdict rests on, for the bad-node list and the closing summary: the figures,
-        what they were compared with, and the rule."""
-        said: dict[str, object] = {"by": "stragglers", "node": self.node, "ranks": list(self.ranks), "whole_node": self.whole_node,
-                                   "others_wait": round(self.others_wait, 4), "threshold": settings.threshold,
-                                   "window_s": settings.window_s}
-        if self.compute_ratio > 0:
-            said["compute_ratio"] = round(self.compute_ratio, 3)
-        if self.throttled is not None:
-            said.update(throttled=self.throttled, throttled_at=THROTTLED_AT)
-        return said
-
-    def line(self) -> str:
-        who = (f"node {self.node} ({_ranks(self.ranks)})" if self.whole_node else f"rank {self.ranks[0]} ({self.node})")
-        quota = (f"its CPU quota held it back in {self.throttled:.0%} of the scheduler's periods (cgroup cpu.stat)"
-                 if self.throttled is not None else "")
-        if self.compute_ratio <= 0:  # named for its quota alone
-            return f"hpctorch: straggler: {who}: {quota}, while the others spend {self.others_wait:.0%} of their time inside collectives"
-        return (f"hpctorch: straggler: {who} computes {self.compute_ratio:.1f}x the median step "
-                f"(others wait {self.others_wait:.0%} of each step for it)" + (f"; {quota}" if quota else ""))
-
-    def rule(self, settings: "Settings") -> str:
-        """The rule it was judged by, in words: said with the verdict where it is kept."""
-        return (f"named at {settings.threshold:.0%} or more of the others' time spent waiting, over {settings.window_s:g} s"
-                + (f"; a quota holding a node back in {THROTTLED_AT:.0%} of periods" if self.throttled is not None else ""))
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + (f"{ranks[0]}-{ranks[-1]}" if list(ranks) == list(range(ranks[0], ranks[-1] + 1)) else ",".join(map(str, ranks)))
-
-
-def node_name(plan: Plan, node: int, hosts: Mapping[int, str] | None = None) -> str:
-    """The node's name: the plan's, else the one its record gave (per task), else its number."""
-    if plan.nodes and node < len(plan.nodes):
-        return plan.nodes[node]
-    return (hosts or {}).get(node) or f"node {node}"
-
-
-def judge(shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan, threshold: float,
-          throttled: Mapping[int, float] | None = None, hosts: Mapping[int, str] | None = None) -> list[Straggler]:
-    """``shares[node][rank] = (share of the window inside collectives, collectives)``. A rank
-    whose share is at least ``threshold`` below the median of the others' is a straggler, when
-    it ran about as many collectives as the median rank (else it is doing other work, not
-    comparable) and at most half the ranks are: the others must be the waiting majority.
-    ``throttled[node]``: the share of periods its CPU quota held it back; at ``THROTTLED_AT`` or
-    more, while the other nodes' ranks spend ``threshold`` of their time inside collectives, the
-    node is named for it (on its line if it straggles anyway)."""
-    measured = [(node, int(rank), float(v[0]), float(v[1])) for node, ranks in shares.items() for rank, v in ranks.items()]
-    if len(measured) < 2:
-        return []
-    found = _by_share(measured, shares, plan, threshold, hosts)
-    throttled = {n: t for n, t in (throttled or {}).items() if t >= THROTTLED_AT and shares.get(n)}  # a node with ranks measured
-    if not throttled or len(throttled) * 2 > len(shares):
-        return found
-    named = {s.node: i for i, s in enumerate(found)}
-    for node, share in sorted(throttled.items()):
-        name = node_name(plan, node, hosts)
-        others = [v for n, _r, v, _c in measured if n not in throttled]
-        waiting = statistics.median(others) if others else 0.0
-        if waiting < threshold:
-            continue  # nobody waits: a quota that does not hold the job back
-        if name in named:
-            index = named[name]
-            found[index] = replace(found[index], throttled=share)
-            continue
-        ranks = tuple(sorted(int(r) for r in shares[node]))
-        found.append(Straggler(ranks, name, 0.0, waiting, True, share))
-    return found
-
-
-def _by_share(measured: list[tuple[int, int, float, float]], shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan,
-              threshold: float, hosts: Mapping[int, str] | None = None) -> list[Straggler]:
-    """The ranks whose share inside collectives is ``threshold`` below the others'."""
-    ordered = sorted(share for *_, share, _n in measured)
-    usual = statistics.median(count for *_, count in measured)
-    slow = []
-    for node, rank, share, count in measured:
-        others = _median_without(ordered, share)
-        if count >= max(MIN_COLLECTIVES, usual / 2) and others - share >= threshold:
-            slow.append((node, rank, share, others))
-    if not slow or len(slow) * 2 > len(measured):
-        return []
-    found = []
-    for node in sorted({node for node, *_ in slow}):
-        mine = sorted((rank, share, others) for n, rank, share, others in slow if n == node)
-        whole = len(mine) > 1 and len(mine) == len(shares[node])
-        for group in [mine] if whole else [[one] for one in mine]:
-            _rank, share, others = min(group, key=lambda one: one[1])
-            ratio = (1.0 - share) / max(1.0 - others, 0.01)
-            found.append(Straggler(tuple(rank for rank, *_ in group), node_name(plan, node, hosts), ratio, others - share, whole))
-    return found
-
-
-def _median_without(ordered: Sequence[float], value: float) -> float:
-    """The median of sorted ``ordered`` with one ``value`` taken out: O(log n), not a new list."""
-    import bisect
-
-    gone = bisect.bisect_left(ordered, value)
-    rest = len(ordered) - 1
-
-    def at(i: int) -> float:
-        return ordered[i if i < gone else i + 1]
-
-    return at(rest // 2) if rest % 2 else (at(rest // 2 - 1) + at(rest // 2)) / 2
 
 
 class NodeWindow:
@@ -358,7 +228,7 @@ class Watch:
         self.held_back = held
         for straggler in found:
             kept = self.verdicts.get(straggler.key) or {"first_s": round(now - started, 1), "judgements": 0}
-            self.verdicts[straggler.key] = {**straggler.evidence(self.settings), "line": straggler.line().removeprefix("hpctorch: "),
+            self.verdicts[straggler.key] = {**straggler.evidence(self.settings.threshold, self.settings.window_s), "line": straggler.line().removeprefix("hpctorch: "),
                                             "first_s": kept["first_s"], "last_s": round(now - started, 1),
                                             "judgements": int(kept["judgements"]) + 1}  # type: ignore[call-overload]
             if now - self.said.get(straggler.key, -REPEAT_S) >= REPEAT_S:
@@ -396,9 +266,9 @@ class Watch:
             return
         from ..host import badnodes
 
-        reason = f"straggler: {straggler.line().split(': ', 2)[-1]} ({straggler.rule(self.settings)})"
+        reason = f"straggler: {straggler.line().split(': ', 2)[-1]} ({straggler.rule(self.settings.threshold, self.settings.window_s)})"
         try:
-            badnodes.add(os.environ, [straggler.node], reason, self.plan.job_id, straggler.evidence(self.settings))
+            badnodes.add(os.environ, [straggler.node], reason, self.plan.job_id, straggler.evidence(self.settings.threshold, self.settings.window_s))
         except Exception as exc:  # noqa: BLE001 - advice for the next job, never in this one's way
             self.say(f"hpctorch: {straggler.node} not added to the bad-node list: {exc}")
 
@@ -412,6 +282,11 @@ class Watch:
         """Node 0, once every node is done: every node's running totals."""
         self._all_published = False
         return {n: {int(k): v for k, v in r.get("all", {}).items()} for n, r in self._read_all(store).items()}
+
+    def closing(self, store, done: bool) -> dict[str, object]:  # type: ignore[no-untyped-def]
+        """Node 0's part of the closing summary: every node's totals once all are done, and the
+        stragglers named during the run."""
+        return {"stragglers": self.collect_final(store) if done else {}, "stragglers_named": list(self.verdicts.values())}
 
     def local_final(self) -> dict[int, dict[int, list[float]]]:
         """A one-node job's totals."""

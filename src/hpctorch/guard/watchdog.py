@@ -186,8 +186,7 @@ class JobWatchdog:
                 self._linger(store)
                 self.final = self._read_final(store)
                 if self.stragglers is not None:
-                    self.final["stragglers"] = self.stragglers.collect_final(store) if self.final.get("done") else {}
-                    self.final["stragglers_named"] = list(self.stragglers.verdicts.values())  # type: ignore[assignment]
+                    self.final.update(self.stragglers.closing(store, bool(self.final.get("done"))))
                 if self.stacks is not None and self.stacks.teardown is not None and store.check([self.prefix + "abort"]):
                     self.teardown_lines = self.stacks.teardown_summary(store, COLLECT_S)
                     store.set(self._collected_key, "1")
