@@ -206,6 +206,9 @@ def _run(args: argparse.Namespace) -> int:
             check_master_port(plan)
         staging.stage(args, plan, stage_settings)
         launch.exec_per_task(plan)
+    from ..start import masterport
+
+    plan = masterport.settle(plan)  # before any store: a held derived port moves the job, not stops it
     if plan.node_rank == 0 and not args.quiet:  # one copy per job, not one per node
         from ..plan.render import banner, table
 
@@ -224,6 +227,8 @@ def _run(args: argparse.Namespace) -> int:
                                  quiet=args.quiet, summary_json=args.summary_json, local_ranks=local_ranks, stall=stall)
         elif plan.starter == "hpctorch":
             from ..start import supervisor
+
+            masterport.release()  # rank 0's own store takes the port over
 
             supervisor.run_node(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console, local_ranks=local_ranks,
                                 quiet=args.quiet, summary_json=args.summary_json, requeue=args.requeue, stall=stall)

@@ -26,6 +26,9 @@ def master_port(allocation: Allocation, options: Options, facts: HostFacts, nnod
         return allocation.master_port
     if allocation.job_id:
         port = job_port.derive_port(allocation.job_id, allocation.step_id)
+        if nnodes > 1 and mode == "per-node":
+            reasons["master_ports"] = ("derived alike: if the port is held on node 0 (another user, another job), node 0 serves on "
+                                       "the next, and every node joins the first whose store authenticates")
         reasons["master_port"] = (
             f"derived from job id {allocation.job_id}"
             + (f" step {allocation.step_id}" if allocation.step_id else "")
@@ -89,9 +92,17 @@ def agreement_dir(allocation: Allocation, options: Options, nodes: tuple[str, ..
     return os.path.join(shared_dir, ".hpctorch", f"{key}.agreement")
 
 
+def master_ports(allocation: Allocation, reasons: dict[str, str]) -> tuple[int, ...]:
+    """The derived port's alternates (``master_port`` said why), else none."""
+    if "master_ports" in reasons and allocation.job_id:
+        return job_port.port_sequence(allocation.job_id, allocation.step_id)
+    return ()
+
+
 def check_master_port(plan: Plan) -> None:
-    """On the master, a fixed port must be free before anything starts."""
-    if not plan.is_master or not plan.master_port or plan.simulated:
+    """On the master, a fixed port must be free before anything starts (a derived one with
+    alternates moves on instead: ``start.masterport``)."""
+    if not plan.is_master or not plan.master_port or plan.simulated or len(plan.master_ports) > 1:
         return
     if plan.mode == "per-task" and plan.workers and plan.workers[0].rank != 0:
         return  # rank 0 on this node binds the port, perhaps already

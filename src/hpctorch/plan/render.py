@@ -65,6 +65,7 @@ def table(plan: Plan, explain: bool = False) -> str:
         ("processes", f"{per_node} per node, world size {world}", "nproc_per_node"),
         ("master", _master(plan), "master_addr"),
         ("port", port, "master_port"),
+        *([("if held", ", ".join(map(str, plan.master_ports[1:])), "master_ports")] if len(plan.master_ports) > 1 else []),
         *([("watchdog port", str(plan.watch_port), "watch_port")] if plan.watch_port else []),
         ("interface", plan.iface or "(left to torch)", "iface"),
         ("rendezvous", f"{plan.rdzv_backend}, timeout {plan.rdzv_timeout} s", "rdzv_backend"),

@@ -143,6 +143,9 @@ class Plan:
     watch_port: int = 0
     """hpctorch's starter on several nodes: the port of node 0's watchdog store (``nodewatch``),
     apart from the workers' own store at the master port (rank 0's, torch's env://)."""
+    master_ports: tuple[int, ...] = ()
+    """A port derived from the job id, and its alternates: node 0 serves on the first it can
+    bind, every other node joins the first that authenticates (``start.masterport``)."""
 
     @property
     def watched(self) -> bool:
@@ -174,7 +177,7 @@ class Plan:
     def from_dict(cls, data: Mapping) -> "Plan":
         """The inverse of ``to_dict``, for handing a plan to another process."""
         data = {k: v for k, v in data.items() if k not in ("nnodes", "world_size")}
-        for key in ("nodes", "nproc_per_node", "command", "relaunch", "requeue", "requeue_exclude"):
+        for key in ("nodes", "nproc_per_node", "command", "relaunch", "requeue", "requeue_exclude", "master_ports"):
             data[key] = tuple(data[key])
         data["workers"] = tuple(Worker(**w) for w in data["workers"])
         data["node_plans"] = tuple(cls.from_dict(p) for p in data["node_plans"])

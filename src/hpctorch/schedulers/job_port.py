@@ -31,3 +31,20 @@ def derive_port(job_id: str, step_id: str | None = None) -> int:
     step_digits = "".join(c for c in (step_id or "") if c.isdigit())
     step = int(step_digits) % PORT_STEP_SLOTS if step_digits else 0
     return PORT_BASE + (key * PORT_STEP_SLOTS + step) % PORT_SPAN
+
+
+PORT_TRIES = 4
+"""The derived port and its alternates: what a job tries when another process holds its port."""
+
+
+def port_sequence(job_id: str, step_id: str | None = None, count: int = PORT_TRIES) -> tuple[int, ...]:
+    """The job's port (``derive_port``), then ``count - 1`` alternates hashed from the job id
+    and step: the same on every node, apart from the derived ports of nearby jobs."""
+    found = [derive_port(job_id, step_id)]
+    attempt = 1
+    while len(found) < count and attempt < 4 * count:
+        port = PORT_BASE + zlib.crc32(f"{job_id}/{step_id or ''}/alternate {attempt}".encode()) % PORT_SPAN
+        if port not in found:
+            found.append(port)
+        attempt += 1
+    return tuple(found)

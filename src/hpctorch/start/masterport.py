@@ -1,0 +1,130 @@
+"""The job's master port when its derived port is held: node 0 serves on the first of the job's
+ports (``Plan.master_ports``, derived from the job id alike on every node) that it can bind, and
+every other node joins the first of them whose store authenticates as this job's node 0
+(``guard.authority``). A squatter on node 0 who took the derived port, or another job that took
+it by accident, then costs the job a few seconds, not the job.
+
+Node 0's store stays open here (multi-tenant: the agreement, the screen and the staging reuse
+it in this process) until its workers start: hpctorch's own starter lets rank 0's store take the
+port over (``release``), torch's agent serves through this very store.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+
+from ..errors import HpctorchError
+from ..host import network
+from ..plan import ports
+from ..plan.types import Plan
+
+PROBE_S = 3.0
+"""How long a store at one of the ports may take to show node 0's authority record before the
+next port is tried (every port comes round again until the deadline)."""
+POLL_S = 0.2
+
+_held: list[object] = []
+"""Node 0's store, held between ``settle`` and ``release``."""
+
+
+def applies(plan: Plan) -> bool:
+    """Several nodes, each with its own hpctorch, and a port with alternates (derived, not given)."""
+    return (len(plan.master_ports) > 1 and plan.nnodes > 1 and plan.mode == "per-node" and not plan.simulated
+            and plan.watched and plan.rdzv_backend == "static" and plan.master_addr is not None)
+
+
+def at(plan: Plan, port: int) -> Plan:
+    """``plan`` at ``port``: the watchdog's port, derived from the master port, moves with it."""
+    if port == plan.master_port:
+        return plan
+    reasons = {**plan.reasons, "master_port": f"{port}, the next of the job's ports ({_listed(plan)}): "
+                                              f"{plan.master_port} was held on node 0"}
+    watch = ports.watch_port(plan.run_id, port) if plan.watch_port else 0
+    return replace(plan, master_port=port, watch_port=watch, reasons=reasons)
+
+
+def _listed(plan: Plan) -> str:
+    return ", ".join(map(str, plan.master_ports))
+
+
+def settle(plan: Plan) -> Plan:
+    """This node's plan at the port the job's node 0 serves on: chosen here on node 0, found
+    on the others. Unchanged where the port has no alternates."""
+    if not applies(plan):
+        return plan
+    return _serve(plan) if plan.is_master else _find(plan)
+
+
+def release() -> None:
+    """Node 0: let go of the store before rank 0's own takes the port (hpctorch's starter)."""
+    _held.clear()
+
+
+def _serve(plan: Plan) -> Plan:
+    from ..guard import authority
+    from ..guard.agreement import open_store
+
+    held: list[str] = []
+    for port in plan.master_ports:
+        if not network.port_is_free("", port):
+            held.append(f"{port}{network.holder_line(port) or ' (in use)'}")
+            continue
+        moved = at(plan, port)
+        try:
+            store = open_store(moved, plan.rdzv_timeout)
+        except Exception:  # noqa: BLE001 - taken between the check and the bind: the next one
+            held.append(f"{port} (in use)")
+            continue
+        _held.append(authority.sealed(store, moved, plan.rdzv_timeout, serve=True))
+        if held:
+            print(f"hpctorch: master port {'; '.join(held)}: serving on {port}, the next of the job's ports "
+                  "(every node tries them in order)", file=sys.stderr, flush=True)
+        return moved
+    raise HpctorchError(f"every one of the job's master ports is in use on this node: {'; '.join(held)}",
+                        "pass --master-port (the same on every node), or stop the processes that hold them (ss -ltnp)")
+
+
+def _find(plan: Plan) -> Plan:
+    """The first of the job's ports whose store authenticates, each tried in turn until the
+    rendezvous timeout; what each gave is said if none does."""
+    from ..guard import authority
+    from ..guard.agreement import open_store
+
+    deadline = time.monotonic() + plan.rdzv_timeout
+    heard: dict[int, str] = {}
+    said: set[int] = set()
+    while True:
+        for port in plan.master_ports:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            moved = at(plan, port)
+            reached = network.connect(plan.master_addr or "", port, min(2.0, max(0.1, left)))
+            if not reached["ok"]:
+                heard[port] = str(reached["error"])
+                continue
+            try:
+                store = open_store(moved, max(1.0, min(PROBE_S, left)), serve=False)
+                authority.verify(store, moved, min(PROBE_S, left))
+            except authority.AuthError as exc:
+                heard[port] = exc.cause
+                if port not in said and "another user" in heard[port]:
+                    said.add(port)
+                    print(f"hpctorch: node {plan.node_rank}: master port {port} is not this job's ({heard[port]}); "
+                          "trying the job's next ports", file=sys.stderr, flush=True)
+                continue
+            except Exception as exc:  # noqa: BLE001 - not a store, or gone again: the next port
+                heard[port] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                continue
+            del store
+            return moved
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    tried = "; ".join(f"{port}: {why}" for port, why in heard.items()) or "none answered"
+    raise HpctorchError(f"node {plan.node_rank}: none of the job's master ports on {plan.master_addr} served this job's node 0 "
+                        f"within {plan.rdzv_timeout} s ({tried})",
+                        "check that node 0 started and is reachable ('hpctorch plan' shows why its address was chosen), "
+                        "or raise --rdzv-timeout")
