@@ -85,8 +85,10 @@ def test_a_squatter_on_node_0s_port_is_passed_over_and_runs_nothing_of_the_jobs(
         cluster: Cluster, job_dir: Path, squatter: tuple[int, Path], step_variables: dict[str, str], stage: bool) -> None:
     uid, home = squatter
     stage_flags = ["--stage-env", "--stage-dir", str(job_dir)] if stage else []
+    # Staged: a small environment of the job's own (the real one's staging is tested on its own).
+    python = smallenv.make(job_dir / "env") if stage else PYTHON
     script = job_dir / "job.sh"
-    script.write_text(f"#!/bin/sh\nsrun {PYTHON} -m hpctorch run {' '.join(stage_flags)} --nproc-per-node 1 --rdzv-timeout 60 "
+    script.write_text(f"#!/bin/sh\nsrun {python} -m hpctorch run {' '.join(stage_flags)} --nproc-per-node 1 --rdzv-timeout 60 "
                       f"{TOY} --steps 3\n")
     out = job_dir / "out.txt"
     held = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "sbatch", "--parsable", "--hold", "-o", str(out),
