@@ -102,3 +102,41 @@ def test_a_port_given_by_the_user_has_no_alternates() -> None:
     assert given.master_ports == () and "master_ports" not in given.reasons and not masterport.applies(given)
     restarts = make_plan(detect(env), Options(master_addr="127.0.0.1", max_restarts=1, command=("x",)), facts())
     assert restarts.master_ports == () and "master_ports" not in restarts.reasons  # torch's c10d rendezvous: its own store
+
+
+def test_rank_0_takes_the_port_over_under_the_same_seal(tmp_path: Path) -> None:
+    """hpctorch's starter: node 0's hpctorch serves until its rank 0 (another process) asks for the
+    port, then lets go; rank 0 serves there under the same seal, so a node that read either trusts both."""
+    import os
+
+    ports = (free_port(), free_port())
+    node0 = masterport.settle(_plan(0, ports))
+    assert masterport.held() and node0.master_port == ports[0]
+    folder = tmp_path / "node"
+    folder.mkdir(mode=0o700)
+    env = {**os.environ, **masterport.hand_over(str(folder), node0.run_id, 60)}
+    (tmp_path / "plan.json").write_text(node0.to_json())
+    rank0 = subprocess.Popen([sys.executable, "-c", (
+        "import json, sys\n"
+        "from hpctorch.guard import agreement, authority\n"
+        "from hpctorch.plan.types import Plan\n"
+        f"plan = Plan.from_dict(json.load(open({str(tmp_path / 'plan.json')!r})))\n"
+        "store = agreement.ask_for_port(lambda: agreement.open_store(plan, 10), 30)\n"
+        "authority.sealed(store, plan, 10, serve=True).set('hpctorch/slurm-42/x', 'from rank 0')\n"
+        "print('served', flush=True)\n"
+        "sys.stdin.read()\n")], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank0.stdout is not None and rank0.stdout.readline().strip() == "served"
+        assert not masterport.held()  # let go once asked
+        node1 = masterport.settle(_plan(1, ports))
+        assert node1.master_port == ports[0]
+        from hpctorch.guard.agreement import open_store
+
+        seal = authority.verify(open_store(node1, 10), node1, 10)
+        assert seal.tag("k", b"v") == authority.node0_seal(node0.run_id).tag("k", b"v")  # one seal, both processes
+        assert authority.sealed(open_store(node1, 10), node1, 10, serve=False).get("hpctorch/slurm-42/x") == b"from rank 0"
+        assert sorted(os.listdir(folder)) == ["port-asked", "run-secret"]
+        assert os.stat(folder / "run-secret").st_mode & 0o077 == 0
+    finally:
+        rank0.kill()
+        rank0.wait(timeout=30)

@@ -47,6 +47,9 @@ SHARED_KEPT_S = 86400.0
 is removed by node 0 once this old."""
 """A node that found a disagreement keeps beating this long, so the others see it too."""
 STORE_PREFIX = "hpctorch/agreement/"
+HANDOVER_ENV = "HPCTORCH_PORT_HANDOVER"
+"""In node 0's rank 0 under hpctorch's starter: the file by which it asks hpctorch on its node for
+the master port that hpctorch serves until then (``start.masterport``)."""
 FIELDS = (
     ("job", "job id"),
     ("master", "master address:port"),
@@ -136,6 +139,26 @@ def open_store(plan: Plan, timeout_s: float, serve: bool | None = None, port: in
     )
 
 
+def ask_for_port(serve, timeout_s: float):  # type: ignore[no-untyped-def]
+    """In node 0's rank 0: ``serve()`` (which binds the master port), once hpctorch on this node
+    let go of it where it holds it (``HANDOVER_ENV``, ``start.masterport``); tried again until
+    ``timeout_s``."""
+    asked = os.environ.get(HANDOVER_ENV)
+    if not asked:
+        return serve()
+    from ..host.folders import replace_file
+
+    replace_file(asked, str(os.getpid()))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return serve()
+        except Exception:  # noqa: BLE001 - still held by hpctorch for a moment: again
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(POLL_S)
+
+
 def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
     """Wait until every node published the same record; raise on a difference or timeout.
 
@@ -152,7 +175,7 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
     store = None
     if plan.is_master:
         try:
-            store = open_store(plan, timeout_s)
+            store = ask_for_port(lambda: open_store(plan, timeout_s), min(30.0, timeout_s))
         except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
             raise HpctorchError(
                 f"cannot serve the rendezvous store on port {plan.master_port}{network.holder_line(plan.master_port)}: "

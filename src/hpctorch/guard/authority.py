@@ -117,14 +117,38 @@ def plain(store):  # type: ignore[no-untyped-def]
 # ---- the secret --------------------------------------------------------------------------
 
 _made: dict[str, Seal] = {}
+SECRET_FILE_ENV = "HPCTORCH_RUN_SECRET_FILE"
+"""In node 0's rank 0 when hpctorch on its node served the store first (``start.masterport``): a
+0600 file of the node's private folder with the run's secret, so both serve under one seal."""
 
 
 def node0_seal(run_id: str) -> Seal:
     """Node 0's seal for ``run_id``, made once per process (every store this process serves in
-    this run shares it)."""
+    this run shares it), or the one hpctorch on this node handed over (``SECRET_FILE_ENV``)."""
     if run_id not in _made:
-        _made[run_id] = Seal(secrets.token_bytes(32), run_id, "munge" if munge_works() else "file")
+        handed = os.environ.get(SECRET_FILE_ENV)
+        secret = _handed_secret(handed) if handed else None
+        _made[run_id] = Seal(secret or secrets.token_bytes(32), run_id, "munge" if munge_works() else "file")
     return _made[run_id]
+
+
+def hand_secret(run_id: str, path: str) -> None:
+    """Node 0's hpctorch: this run's secret for its rank 0, in a 0600 file at ``path``."""
+    replace_file(path, node0_seal(run_id)._secret.hex())
+
+
+def _handed_secret(path: str) -> bytes | None:
+    """The secret in ``path`` if it is this user's alone and holds one; else None (a new one is made)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd) as handle:
+        facts = os.fstat(handle.fileno())
+        text = handle.read().strip()
+    if facts.st_uid != os.getuid() or facts.st_mode & 0o077 or not re.fullmatch(r"[0-9a-f]{64}", text):
+        return None
+    return bytes.fromhex(text)
 
 
 def binding(plan: Plan) -> str:

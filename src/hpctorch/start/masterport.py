@@ -5,13 +5,17 @@ every other node joins the first of them whose store authenticates as this job's
 it by accident, then costs the job a few seconds, not the job.
 
 Node 0's store stays open here (multi-tenant: the agreement, the screen and the staging reuse
-it in this process) until its workers start: hpctorch's own starter lets rank 0's store take the
-port over (``release``), torch's agent serves through this very store.
+it in this process) from its first moments, so the others find it at once. torch's agent serves
+through this very store; under hpctorch's own starter rank 0's store takes the port over
+(``hand_over``): rank 0 asks for it by writing a file (``agreement.ask_for_port``), this process
+lets go, rank 0 binds (a few retries apart), so the port is never free for long and no node waits for rank 0's torch import.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from dataclasses import replace
 
@@ -24,6 +28,10 @@ PROBE_S = 3.0
 """How long a store at one of the ports may take to show node 0's authority record before the
 next port is tried (every port comes round again until the deadline)."""
 POLL_S = 0.2
+POLL_MAX_S = 2.0
+"""A node waiting for node 0 backs off to one sweep of the ports every 2 s: at 10,000 nodes,
+20,000 connection attempts a second at most, as the agreement's own polls."""
+HANDOVER_POLL_S = 0.02
 
 _held: list[object] = []
 """Node 0's store, held between ``settle`` and ``release``."""
@@ -58,8 +66,33 @@ def settle(plan: Plan) -> Plan:
 
 
 def release() -> None:
-    """Node 0: let go of the store before rank 0's own takes the port (hpctorch's starter)."""
+    """Node 0: let go of the store (a port rank 0's own store takes over, or the run's end)."""
     _held.clear()
+
+
+def held() -> bool:
+    return bool(_held)
+
+
+def hand_over(folder: str, run_id: str, timeout_s: float) -> dict[str, str]:
+    """Node 0, hpctorch's starter: serve until rank 0 asks for the port (it writes a file of the
+    node's private ``folder``), then let go, at the latest after ``timeout_s``. Rank 0 serves under
+    this process's seal (a 0600 file beside it): a node that read either store's record trusts both.
+    What rank 0's environment needs."""
+    from ..guard.agreement import HANDOVER_ENV
+    from ..guard.authority import SECRET_FILE_ENV, hand_secret
+
+    asked, secret = os.path.join(folder, "port-asked"), os.path.join(folder, "run-secret")
+    hand_secret(run_id, secret)
+
+    def wait() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(asked) and time.monotonic() < deadline:
+            time.sleep(HANDOVER_POLL_S)
+        release()
+
+    threading.Thread(target=wait, name="hpctorch-port-handover", daemon=True).start()
+    return {HANDOVER_ENV: asked, SECRET_FILE_ENV: secret}
 
 
 def _serve(plan: Plan) -> Plan:
@@ -95,6 +128,7 @@ def _find(plan: Plan) -> Plan:
     deadline = time.monotonic() + plan.rdzv_timeout
     heard: dict[int, str] = {}
     said: set[int] = set()
+    pause = POLL_S
     while True:
         for port in plan.master_ports:
             left = deadline - time.monotonic()
@@ -122,7 +156,8 @@ def _find(plan: Plan) -> Plan:
             return moved
         if time.monotonic() >= deadline:
             break
-        time.sleep(POLL_S)
+        time.sleep(pause)
+        pause = min(pause * 1.5, POLL_MAX_S)
     tried = "; ".join(f"{port}: {why}" for port, why in heard.items()) or "none answered"
     raise HpctorchError(f"node {plan.node_rank}: none of the job's master ports on {plan.master_addr} served this job's node 0 "
                         f"within {plan.rdzv_timeout} s ({tried})",

@@ -33,6 +33,7 @@ from ..guard.agreement_worker import read as read_agreement
 from ..host.signals import PREEMPT_SIGNALS, STOP_SIGNALS
 from ..plan.types import Plan
 from ..plan.workerenv import torch_contract
+from . import masterport
 from .raised import raised_at
 from .workers import (
     STOP_GRACE_S,
@@ -215,6 +216,8 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
                 from ..guard.agreement_worker import AGREEMENT_ENV, RESULT_ENV, WAIT_ENV
 
                 env.update({RESULT_ENV: files[2], WAIT_ENV: str(plan.rdzv_timeout + 60), **({AGREEMENT_ENV: files[1]} if local == 0 else {})})
+                if local == 0 and plan.is_master and masterport.held():  # rank 0 asks for the port this process serves
+                    env.update(masterport.hand_over(files[0], plan.run_id, plan.rdzv_timeout + 60))
             try:
                 process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
             except OSError as exc:
@@ -241,6 +244,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
             helper.end("failed", f"node {plan.node_rank}: hpctorch failed: {told}")
         raise
     finally:
+        masterport.release()  # rank 0 never asked (it failed first): the port is let go with the run
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for socket_held in (held, watch_held):
