@@ -129,6 +129,7 @@ def _find(plan: Plan) -> Plan:
     heard: dict[int, str] = {}
     said: set[int] = set()
     pause = POLL_S
+    reached_any = False
     while True:
         for port in plan.master_ports:
             left = deadline - time.monotonic()
@@ -139,6 +140,7 @@ def _find(plan: Plan) -> Plan:
             if not reached["ok"]:
                 heard[port] = str(reached["error"])
                 continue
+            reached_any = True
             try:
                 store = open_store(moved, max(1.0, min(PROBE_S, left)), serve=False)
                 authority.verify(store, moved, min(PROBE_S, left))
@@ -158,6 +160,13 @@ def _find(plan: Plan) -> Plan:
             break
         time.sleep(pause)
         pause = min(pause * 1.5, POLL_MAX_S)
+    first, *rest = plan.master_ports
+    if not reached_any:
+        raise HpctorchError(
+            f"could not reach the master's store at {plan.master_addr}:{first} (nor the job's other ports, "
+            f"{', '.join(map(str, rest))}) from {plan.iface or 'this node'} within {plan.rdzv_timeout} s: {heard.get(first, 'no answer')}",
+            f"check that node 0 started and is reachable on {plan.iface or 'the chosen interface'} ('hpctorch plan' shows why "
+            "it was chosen), that every node got the same --master-addr, or raise --rdzv-timeout")
     tried = "; ".join(f"{port}: {why}" for port, why in heard.items()) or "none answered"
     raise HpctorchError(f"node {plan.node_rank}: none of the job's master ports on {plan.master_addr} served this job's node 0 "
                         f"within {plan.rdzv_timeout} s ({tried})",
