@@ -228,7 +228,6 @@ def _run(args: argparse.Namespace) -> int:
         elif plan.starter == "hpctorch":
             from ..start import supervisor
 
-
             supervisor.run_node(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console, local_ranks=local_ranks,
                                 quiet=args.quiet, summary_json=args.summary_json, requeue=args.requeue, stall=stall)
         else:

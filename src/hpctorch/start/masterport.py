@@ -8,7 +8,8 @@ Node 0's store stays open here (multi-tenant: the agreement, the screen and the 
 it in this process) from its first moments, so the others find it at once. torch's agent serves
 through this very store; under hpctorch's own starter rank 0's store takes the port over
 (``hand_over``): rank 0 asks for it by writing a file (``agreement.ask_for_port``), this process
-lets go, rank 0 binds (a few retries apart), so the port is never free for long and no node waits for rank 0's torch import.
+lets go, rank 0 binds (a few retries apart): the port is free for milliseconds, and no node
+waits for rank 0's torch import to find node 0.
 """
 
 from __future__ import annotations
