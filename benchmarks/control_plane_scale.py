@@ -274,7 +274,7 @@ SCREEN_BUDGET_S = 120.0
 def screen_client(first: int, last: int, nnodes: int, port: int) -> None:
     """Simulated nodes ``first``..``last - 1`` each run the real ``screen.run`` (no ring link: one
     machine); prints the requests each made."""
-    from hpctorch.guard import screen
+    from hpctorch.screen import exchange as screen
 
     counts: dict[int, int] = {}
 
@@ -290,7 +290,8 @@ def screen_client(first: int, last: int, nnodes: int, port: int) -> None:
 
 def screen_scale(nnodes: int) -> dict[str, float]:
     """Node 0's real screen (collection and judgement) with ``nnodes - 1`` simulated others."""
-    from hpctorch.guard import judge, screen
+    from hpctorch.screen import exchange as screen
+    from hpctorch.screen import judge
 
     print(f"control_plane_scale: screen at {nnodes} nodes", file=sys.stderr, flush=True)
     port = free_port()

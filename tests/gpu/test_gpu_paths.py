@@ -26,7 +26,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_the_screen_measures_every_visible_gpu() -> None:
-    from hpctorch.guard import measure
+    from hpctorch.screen import measure
 
     found = measure.gpus()
     assert len(found) == torch.cuda.device_count()
@@ -38,7 +38,7 @@ def test_the_screen_measures_every_visible_gpu() -> None:
 
 def test_nvml_answers_for_every_gpu() -> None:
     pytest.importorskip("pynvml")
-    from hpctorch.guard import measure
+    from hpctorch.screen import measure
 
     problems, missing = measure.nvml_problems()
     print(problems, missing)

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from hpctorch.guard import judge, measure, ringlink, screen
+from hpctorch.screen import exchange as screen
+from hpctorch.screen import judge, measure, ringlink
 from hpctorch.host.network import free_port
 from hpctorch.plan.types import Plan
 

@@ -15,7 +15,7 @@ from ..start.spares import Seat
 
 def screen(args: argparse.Namespace, plan: Plan):  # type: ignore[no-untyped-def]
     """``--screen``: measure every node before the workers start; node 0 names the bad ones."""
-    from ..guard import screen as screening
+    from ..screen import exchange as screening
 
     store = screening.connect(plan, plan.rdzv_timeout)
     try:
@@ -71,7 +71,7 @@ def per_task(args: argparse.Namespace, plan: Plan, options: Options) -> Plan | N
     """Per task (the launcher started every rank): each node's first rank screens for its node,
     the node's other ranks wait for node 0's verdict; then, with --spare-nodes, every rank's plan
     on the nodes kept, or None for a spare's ranks (its first rank said why)."""
-    from ..guard import screen as screening
+    from ..screen import exchange as screening
 
     first = plan.workers[0].env.get("HPCTORCH_LOCAL_TASK_RANK", str(plan.workers[0].local_rank)) == "0"
     prefix = f"hpctorch/{plan.run_id}/screen/"
@@ -95,7 +95,7 @@ def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Opti
     node, by the process that ``speaks`` for it). With --max-restarts (hot spares) every node
     also gets its seat, and a spare a plan of the kept nodes and the spares after them (a watchdog
     slot of its own), to wait in torch's rendezvous."""
-    from ..guard.screen import host_of
+    from ..screen.exchange import host_of
     from ..plan.discover import plan_keeping
 
     if len(screened.spares) != args.spare_nodes or not screened.master:

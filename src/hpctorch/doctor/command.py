@@ -294,7 +294,7 @@ def _collectives(plan: Plan, meeting: Meeting, report: dict, via_store: set[int]
         report["nccl"] = _collective("nccl", plan, meeting.store, budget)
     else:
         report["nccl_skipped"] = "no CUDA device here"
-    from ..guard import screen
+    from ..screen import exchange as screen
 
     budget_s = min(SCREEN_S[1], max(SCREEN_S[0], final - time.monotonic() - 5))
     try:

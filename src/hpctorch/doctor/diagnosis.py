@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..guard.agreement import differences
-from ..guard.judge import medians, rate
+from ..screen.judge import medians, rate
 
 Report = Mapping[str, object]
 

@@ -6,5 +6,6 @@ from start to finish (``node``). The root's ``staged`` module tells every later 
 the copy is.
 
 May import: the package root's modules, ``schedulers``, ``host``, ``plan``, ``stacks``,
-``guard``. Nothing here imports torch: the copy exists before anything imports it.
+``guard``, ``screen`` (node 0's store, opened as the screen opens it). Nothing here imports
+torch: the copy exists before anything imports it.
 """

@@ -120,7 +120,7 @@ def open_store(plan: Plan, serve: bool):  # type: ignore[no-untyped-def]
     """The master's store for the staging: node 0 serves it with torch's TCPStore; everyone else
     reaches it without importing torch from the shared path (``storeclient``), unless that
     server speaks another torch's protocol."""
-    from ..guard.screen import connect
+    from ..screen.exchange import connect
 
     if not serve and storeclient.speaks_with(storeclient.installed_torch()):
         try:

@@ -5,5 +5,5 @@ inside each worker, what runs before the script (``storewait``, ``filestore``; t
 is ``hpctorch/_worker.py``); and ``hpctorch.init()`` from a script (``initialize``).
 
 May import every stage before it: the package root's modules, ``schedulers``, ``host``,
-``plan``, ``stacks``, ``guard``.
+``plan``, ``stacks``, ``guard``, ``screen``, ``stage``.
 """

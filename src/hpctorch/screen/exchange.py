@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import HpctorchError
+from ..guard import authority
 from ..host import network
 from ..plan.types import Plan
 from ..terminal import printable
-from . import authority, judge, measure, ringlink
+from . import judge, measure, ringlink
 
 BUDGET_S = 15.0
 """The most a screen takes once every node arrived, whatever the node count."""
@@ -78,7 +79,7 @@ class Screened:
 def connect(plan: Plan, timeout_s: float, serve: bool | None = None, what: str = "the screen"):  # type: ignore[no-untyped-def]
     """The master's store for ``what`` before the job's own: served by node 0 (or where ``serve``
     says), reached by every other process within ``timeout_s``."""
-    from .agreement import open_store
+    from ..guard.agreement import open_store
 
     if plan.is_master if serve is None else serve:
         try:
