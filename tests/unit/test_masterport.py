@@ -140,3 +140,21 @@ def test_rank_0_takes_the_port_over_under_the_same_seal(tmp_path: Path) -> None:
     finally:
         rank0.kill()
         rank0.wait(timeout=30)
+
+
+def test_another_node_finds_node_0_without_importing_torch(tmp_path: Path) -> None:
+    """Its hpctorch must not import torch from the shared path before staging (thousands of file
+    system calls per node), nor spend a second on it before its workers start."""
+    import os
+
+    ports = (free_port(), free_port())
+    node0 = masterport.settle(_plan(0, ports))
+    (tmp_path / "plan.json").write_text(_plan(1, ports).to_json())
+    found = subprocess.run([sys.executable, "-c", (
+        "import json, sys\n"
+        "from hpctorch.plan.types import Plan\n"
+        "from hpctorch.start import masterport\n"
+        f"plan = masterport.settle(Plan.from_dict(json.load(open({str(tmp_path / 'plan.json')!r}))))\n"
+        "print(plan.master_port, 'torch' in sys.modules)\n")], env={**os.environ}, capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == [str(node0.master_port), "False"], found.stdout + found.stderr

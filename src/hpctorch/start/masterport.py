@@ -120,11 +120,26 @@ def _serve(plan: Plan) -> Plan:
                         "pass --master-port (the same on every node), or stop the processes that hold them (ss -ltnp)")
 
 
+def _client(plan: Plan, port: int, timeout_s: float, torch_free: bool):  # type: ignore[no-untyped-def]
+    """A client of the store at ``port``: without importing torch where hpctorch's own client
+    speaks the server's torch (this process must not import torch from the shared path before
+    the environment is staged, nor spend a second on it before its workers start)."""
+    if torch_free:
+        from ..stage import storeclient
+
+        return storeclient.StoreClient(plan.master_addr or "", port, timeout_s)
+    from ..guard.agreement import open_store
+
+    return open_store(at(plan, port), timeout_s, serve=False)
+
+
 def _find(plan: Plan) -> Plan:
     """The first of the job's ports whose store authenticates, each tried in turn until the
     rendezvous timeout; what each gave is said if none does."""
     from ..guard import authority
-    from ..guard.agreement import open_store
+    from ..stage import storeclient
+
+    torch_free = storeclient.speaks_with(storeclient.installed_torch())
 
     deadline = time.monotonic() + plan.rdzv_timeout
     heard: dict[int, str] = {}
@@ -142,8 +157,9 @@ def _find(plan: Plan) -> Plan:
                 heard[port] = str(reached["error"])
                 continue
             reached_any = True
+            store = None
             try:
-                store = open_store(moved, max(1.0, min(PROBE_S, left)), serve=False)
+                store = _client(plan, port, max(1.0, min(PROBE_S, left)), torch_free)
                 authority.verify(store, moved, min(PROBE_S, left))
             except authority.AuthError as exc:
                 heard[port] = exc.cause
@@ -155,7 +171,9 @@ def _find(plan: Plan) -> Plan:
             except Exception as exc:  # noqa: BLE001 - not a store, or gone again: the next port
                 heard[port] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 continue
-            del store
+            finally:
+                if store is not None and hasattr(store, "close"):
+                    store.close()
             return moved
         if time.monotonic() >= deadline:
             break
