@@ -47,6 +47,7 @@ MUNGE_TTL_S = 3600
 """A node may read node 0's credential minutes after it was made (staging, a slow start)."""
 SECRET_KEPT_S = 7 * 86400.0
 """A run's secret file outlives any job that could still read it (a requeue is a new run)."""
+SECRET_TEXT = re.compile(r"[0-9a-f]{64}")
 
 
 class AuthError(HpctorchError):
@@ -140,15 +141,19 @@ def hand_secret(run_id: str, path: str) -> None:
 def _handed_secret(path: str) -> bytes | None:
     """The secret in ``path`` if it is this user's alone and holds one; else None (a new one is made)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        facts, text = _read_secret_at(path)
     except OSError:
         return None
-    with os.fdopen(fd) as handle:
-        facts = os.fstat(handle.fileno())
-        text = handle.read().strip()
-    if facts.st_uid != os.getuid() or facts.st_mode & 0o077 or not re.fullmatch(r"[0-9a-f]{64}", text):
+    if facts.st_uid != os.getuid() or facts.st_mode & 0o077 or not SECRET_TEXT.fullmatch(text):
         return None
     return bytes.fromhex(text)
+
+
+def _read_secret_at(path: str) -> tuple[os.stat_result, str]:
+    """A secret file's owner and mode, and its text, read without following a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd) as handle:
+        return os.fstat(handle.fileno()), handle.read().strip()
 
 
 def binding(plan: Plan) -> str:
@@ -356,7 +361,7 @@ def _read_secret_file(plan: Plan, name: str, timeout_s: float, where: str) -> by
         if unsafe:
             raise AuthError(f"this job's secret folder {folder} cannot be trusted: {unsafe}", _FIX)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            facts, text = _read_secret_at(path)
         except FileNotFoundError:
             if time.monotonic() >= deadline:
                 raise AuthError(f"node 0 at {where} is not authenticated: no MUNGE credential, and its secret file {path} did "
@@ -365,13 +370,10 @@ def _read_secret_file(plan: Plan, name: str, timeout_s: float, where: str) -> by
             time.sleep(pause)
             pause = min(pause * 1.5, 1.0)
             continue
-        with os.fdopen(fd) as handle:
-            facts = os.fstat(handle.fileno())
-            if facts.st_uid != os.getuid() or facts.st_mode & 0o077:
-                raise AuthError(f"this job's secret file {path} is not this user's alone (owner uid {facts.st_uid}, mode "
-                                f"{facts.st_mode & 0o777:o})", _FIX)
-            text = handle.read().strip()
-        if re.fullmatch(r"[0-9a-f]{64}", text):
+        if facts.st_uid != os.getuid() or facts.st_mode & 0o077:
+            raise AuthError(f"this job's secret file {path} is not this user's alone (owner uid {facts.st_uid}, mode "
+                            f"{facts.st_mode & 0o777:o})", _FIX)
+        if SECRET_TEXT.fullmatch(text):
             return bytes.fromhex(text)
         if time.monotonic() >= deadline:
             raise AuthError(f"this job's secret file {path} holds no secret", _FIX)
