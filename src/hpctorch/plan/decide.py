@@ -167,8 +167,6 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
             if rdzv_backend == "c10d"
             else "every node knows the master address and port"
         )
-    if rdzv_backend != "static":
-        reasons.pop("master_ports", None)  # torch's c10d rendezvous serves its own store, where torch chooses
     common = dict(
         mode=mode, scheduler=allocation.scheduler, job_id=allocation.job_id, nodes=nodes, node_rank=node_rank,
         nproc_per_node=tuple(nproc_per_node), master_addr=where_master.address, master_port=port,
@@ -177,7 +175,7 @@ def make_plan(allocation: Allocation, options: Options, facts: HostFacts, choice
         master_exchange=where_master.exchange, master_exchange_offered=where_master.offered, agreement_dir=ports.agreement_dir(allocation, options, nodes),
         requeue=allocation.launcher.requeue, requeue_exclude=allocation.launcher.exclude_on_requeue, container=facts.container, min_nodes=options.min_nodes,
         node_rank_known=known, agent=dict(options.agent), rdzv_conf=_rdzv_conf(options, facts, rdzv_backend, where_master.address, nnodes),
-        master_ports=ports.master_ports(allocation, reasons),
+        master_ports=ports.master_ports(allocation, options, nnodes, mode, rdzv_backend, reasons),
         local_addr=(where_master.iface.address if where_master.iface and nnodes > 1 else where_master.address),
     )
     if mode == "unchanged":

@@ -26,9 +26,6 @@ def master_port(allocation: Allocation, options: Options, facts: HostFacts, nnod
         return allocation.master_port
     if allocation.job_id:
         port = job_port.derive_port(allocation.job_id, allocation.step_id)
-        if nnodes > 1 and mode == "per-node":
-            reasons["master_ports"] = ("derived alike: if the port is held on node 0 (another user, another job), node 0 serves on "
-                                       "the next, and every node joins the first whose store authenticates")
         reasons["master_port"] = (
             f"derived from job id {allocation.job_id}"
             + (f" step {allocation.step_id}" if allocation.step_id else "")
@@ -92,11 +89,17 @@ def agreement_dir(allocation: Allocation, options: Options, nodes: tuple[str, ..
     return os.path.join(shared_dir, ".hpctorch", f"{key}.agreement")
 
 
-def master_ports(allocation: Allocation, reasons: dict[str, str]) -> tuple[int, ...]:
-    """The derived port's alternates (``master_port`` said why), else none."""
-    if "master_ports" in reasons and allocation.job_id:
-        return job_port.port_sequence(allocation.job_id, allocation.step_id)
-    return ()
+def master_ports(allocation: Allocation, options: Options, nnodes: int, mode: str, rdzv_backend: str,
+                 reasons: dict[str, str]) -> tuple[int, ...]:
+    """A port derived from the job id and its alternates, where hpctorch serves the store on
+    several nodes (torch's static rendezvous, hpctorch's starter); else none (a port the user or
+    the scheduler gives; torch's c10d rendezvous serves its own store)."""
+    derived = options.master_port is None and allocation.master_port is None and allocation.job_id
+    if not (derived and nnodes > 1 and mode == "per-node" and rdzv_backend == "static"):
+        return ()
+    reasons["master_ports"] = ("derived alike: if the port is held on node 0 (another user, another job), node 0 serves on "
+                               "the next, and every node joins the first whose store authenticates")
+    return job_port.port_sequence(allocation.job_id, allocation.step_id)  # type: ignore[arg-type]
 
 
 def check_master_port(plan: Plan) -> None:
