@@ -228,7 +228,7 @@ class Watch:
         self.held_back = held
         for straggler in found:
             kept = self.verdicts.get(straggler.key) or {"first_s": round(now - started, 1), "judgements": 0}
-            self.verdicts[straggler.key] = {**straggler.evidence(self.settings.threshold, self.settings.window_s), "line": straggler.line().removeprefix("hpctorch: "),
+            self.verdicts[straggler.key] = {**self._evidence(straggler), "line": straggler.line().removeprefix("hpctorch: "),
                                             "first_s": kept["first_s"], "last_s": round(now - started, 1),
                                             "judgements": int(kept["judgements"]) + 1}  # type: ignore[call-overload]
             if now - self.said.get(straggler.key, -REPEAT_S) >= REPEAT_S:
@@ -268,9 +268,12 @@ class Watch:
 
         reason = f"straggler: {straggler.line().split(': ', 2)[-1]} ({straggler.rule(self.settings.threshold, self.settings.window_s)})"
         try:
-            badnodes.add(os.environ, [straggler.node], reason, self.plan.job_id, straggler.evidence(self.settings.threshold, self.settings.window_s))
+            badnodes.add(os.environ, [straggler.node], reason, self.plan.job_id, self._evidence(straggler))
         except Exception as exc:  # noqa: BLE001 - advice for the next job, never in this one's way
             self.say(f"hpctorch: {straggler.node} not added to the bad-node list: {exc}")
+
+    def _evidence(self, straggler: Straggler) -> dict[str, object]:
+        return straggler.evidence(self.settings.threshold, self.settings.window_s)
 
     def publish_final(self, store) -> None:  # type: ignore[no-untyped-def]
         """This node's running totals, as its workers left them, for node 0's closing summary."""

@@ -262,11 +262,11 @@ def report(plan: Plan, outcome: Screened, threshold: float, action: str, env: Ma
             from ..host import badnodes
 
             for node in outcome.bad_nodes:
-                reason = "; ".join(f["line"] for f in outcome.findings if f["node"] == node)
+                mine = [f for f in outcome.findings if f["node"] == node]
+                reason = "; ".join(f["line"] for f in mine)
                 name = plan.nodes[node] if node < len(plan.nodes) else host_of(outcome, node)
-                rule = f" (named below {threshold:g}x the median of its kind)" if any(f.get("median") is not None for f in outcome.findings
-                                                                                        if f["node"] == node) else ""
-                evidence = {"by": "screen", "threshold": threshold, "findings": [f for f in outcome.findings if f["node"] == node]}
+                rule = f" (named below {threshold:g}x the median of its kind)" if any(f.get("median") is not None for f in mine) else ""
+                evidence = {"by": "screen", "threshold": threshold, "findings": mine}
                 try:
                     badnodes.add(env, [name], f"screen: {reason}"[:300 - len(rule)] + rule, plan.job_id, evidence)
                 except (OSError, HpctorchError) as exc:
