@@ -39,7 +39,8 @@ def _payload(mib: float) -> bytes:
 
 def client(first: int, last: int, nnodes: int, port: int, size: int, digest: str, fanout: int) -> None:
     """Nodes first..last-1 as threads: each connects, says it is ready, waits for the go, takes part."""
-    from hpctorch.stage import spread, storeclient
+    from hpctorch import storeclient
+    from hpctorch.stage import spread
 
     threading.stack_size(512 << 10)
     results: dict[int, dict] = {}

@@ -171,6 +171,10 @@ def test_the_watchdog_helper_outlives_the_signals_a_launcher_sends_the_step() ->
             helpers = [c for p in processes for c in psutil.Process(p.pid).children() if "hpctorch.guard.nodewatch" in " ".join(c.cmdline())]
         assert len(helpers) == 2
         _beating(port, 2)  # the helpers are watching
+        # Node 1's helper reaches node 0's store with hpctorch's own client: no torch in it (about
+        # 3 s of CPU and 300 MB a node); node 0's serves the store, with torch's.
+        torch_in = [any("libtorch" in m.path for m in helper.memory_maps()) for helper in helpers]
+        assert torch_in == [True, False], torch_in
         for helper in helpers:
             for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
                 helper.send_signal(sig)

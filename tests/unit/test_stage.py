@@ -331,7 +331,7 @@ def test_a_staged_copy_runs_python_from_its_new_place(tmp_path: Path) -> None:
 def test_the_python_store_client_speaks_with_torchs_own_tcpstore() -> None:
     from datetime import timedelta
 
-    from hpctorch.stage import storeclient
+    from hpctorch import storeclient
 
     server = _store(True)
     client = storeclient.connect("127.0.0.1", server.port, 10)
@@ -346,12 +346,22 @@ def test_the_python_store_client_speaks_with_torchs_own_tcpstore() -> None:
     assert client.add("n", 1) == 6  # the cancelled wait left the connection usable
     threading.Timer(0.3, lambda: server.set("later", "v")).start()
     assert client.get("later") == b"v"
+    assert client.check(["a/b", "t"]) and not client.check(["a/b", "never"]) and not client.check(["never"])
+    assert client.multi_get(["t", "a/b", "n"]) == [b"from torch", b"from python", b"6"]
+    threading.Timer(0.3, lambda: server.set("soon", "s")).start()
+    assert client.multi_get(["t", "soon"]) == [b"from torch", b"s"]  # waits for every key first, as torch's does
+    client.append("list", "1,")
+    server.append("list", "2,")
+    client.append("list", "3,")
+    assert server.get("list") == b"1,2,3,"
+    assert client.delete_key("list") and not client.delete_key("list") and not server.check(["list"])
+    assert client.add("n", 0) == 6  # every answer read: the connection is still in step
 
 
 def test_a_server_that_answers_otherwise_is_a_protocol_mismatch_and_a_missing_one_times_out() -> None:
     import socket as sockets
 
-    from hpctorch.stage import storeclient
+    from hpctorch import storeclient
 
     listener = sockets.create_server(("127.0.0.1", 0))
 
@@ -376,7 +386,7 @@ def test_a_server_that_answers_otherwise_is_a_protocol_mismatch_and_a_missing_on
 def test_the_python_client_is_used_only_for_a_torch_that_speaks_its_protocol() -> None:
     import torch
 
-    from hpctorch.stage import storeclient
+    from hpctorch import storeclient
 
     assert storeclient.installed_torch() == torch.__version__
     assert storeclient.speaks_with("2.13.0+cpu") and storeclient.speaks_with("2.4.0")

@@ -54,7 +54,7 @@ def hostlist_command(args: argparse.Namespace) -> int:
 def version_line() -> str:
     """hpctorch's version, the torch it would run (read without importing it) and the Python."""
     from .. import __file__ as package, __version__
-    from ..stage.storeclient import installed_torch
+    from ..storeclient import installed_torch
 
     torch = installed_torch()
     return (f"hpctorch {__version__} ({os.path.dirname(package)}), torch {torch or 'not installed'}, "

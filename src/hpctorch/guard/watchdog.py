@@ -33,7 +33,6 @@ own: sizing the logs (on a stalled shared file system) or taking stacks never de
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import sys
@@ -229,9 +228,8 @@ class JobWatchdog:
             time.sleep(POLL_S / 5)
 
     def _connect(self):  # type: ignore[no-untyped-def]
-        from torch.distributed import TCPStore
-
         from ..host.network import connect
+        from ..storeclient import open_client
 
         deadline = time.monotonic() + self.connect_timeout_s
         while not self._stop.is_set() and time.monotonic() < deadline:
@@ -239,8 +237,7 @@ class JobWatchdog:
                 time.sleep(POLL_S)  # a plain connect first: torch's client logs a C++ trace for every refusal
                 continue
             try:
-                return TCPStore(self.endpoint[0], self.endpoint[1], is_master=False,
-                                timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
+                return open_client(self.endpoint[0], self.endpoint[1], STORE_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - not up yet; the rendezvous reports a real failure
                 time.sleep(POLL_S)
         return None

@@ -28,7 +28,8 @@ from ..errors import HpctorchError
 from ..guard import authority
 from ..host import folders
 from ..plan.types import Plan
-from . import environment, pack, spread, storeclient, unpack
+from .. import storeclient
+from . import environment, pack, spread, unpack
 
 TIMEOUT_S = 600.0
 """Default bound on a node's whole staging (``HPCTORCH_STAGE_TIMEOUT_S``)."""

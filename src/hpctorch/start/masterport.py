@@ -125,7 +125,7 @@ def _client(plan: Plan, port: int, timeout_s: float, torch_free: bool):  # type:
     speaks the server's torch (this process must not import torch from the shared path before
     the environment is staged, nor spend a second on it before its workers start)."""
     if torch_free:
-        from ..stage import storeclient
+        from .. import storeclient
 
         return storeclient.StoreClient(plan.master_addr or "", port, timeout_s)
     from ..guard.agreement import open_store
@@ -137,7 +137,7 @@ def _find(plan: Plan) -> Plan:
     """The first of the job's ports whose store authenticates, each tried in turn until the
     rendezvous timeout; what each gave is said if none does."""
     from ..guard import authority
-    from ..stage import storeclient
+    from .. import storeclient
 
     torch_free = storeclient.speaks_with(storeclient.installed_torch())
 

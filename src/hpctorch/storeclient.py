@@ -25,6 +25,7 @@ from collections.abc import Sequence
 VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET, CANCEL_WAIT, PING = range(14)
 MAGIC = 0x3C85F7CE
 STOP_WAITING, WAIT_CANCELED = 0, 1
+READY, NOT_READY = 0, 1
 KEY_PREFIX = "/"
 FIRST_TORCH = (2, 4)
 """The first torch whose TCPStore opens connections with VALIDATE and PING (older ones are reached
@@ -44,8 +45,13 @@ def _string(text: str | bytes) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
+def _keys(keys: Sequence[str]) -> bytes:
+    return struct.pack("<Q", len(keys)) + b"".join(_string(KEY_PREFIX + key) for key in keys)
+
+
 class StoreClient:
-    """set, get, add, compare_set and wait on torch's TCPStore at ``host``:``port``."""
+    """set, get, multi_get, add, append, compare_set, check, delete_key and wait on torch's TCPStore at
+    ``host``:``port``; one request at a time (a lock), as torch's own client, so threads may share it."""
 
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
         """Connected and answered within ``timeout_s``: torch's own client waits as long (its
@@ -64,6 +70,7 @@ class StoreClient:
             self.close()
             raise ProtocolMismatch(f"the handshake's nonce came back as {answer}, not {nonce}")
         self.conn.settimeout(timeout_s)
+        self.lock = threading.RLock()
 
     def close(self) -> None:
         self.conn.close()
@@ -98,36 +105,66 @@ class StoreClient:
         return self._exactly(struct.unpack("<Q", self._exactly(8))[0])
 
     def set(self, key: str, value: str | bytes) -> None:
-        self._send(bytes([SET]) + _string(KEY_PREFIX + key) + _string(value))
+        with self.lock:
+            self._send(bytes([SET]) + _string(KEY_PREFIX + key) + _string(value))
 
     def get(self, key: str) -> bytes:
-        self.wait([key])
-        self._send(bytes([GET]) + _string(KEY_PREFIX + key))
-        return self._bytes()
+        with self.lock:
+            self.wait([key])
+            self._send(bytes([GET]) + _string(KEY_PREFIX + key))
+            return self._bytes()
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        """Every key's value, once all are set (torch's client waits for them first, too)."""
+        with self.lock:
+            self.wait(keys)
+            self._send(bytes([MULTI_GET]) + _keys(keys))
+            return [self._bytes() for _ in keys]
 
     def add(self, key: str, amount: int) -> int:
-        self._send(bytes([ADD]) + _string(KEY_PREFIX + key) + struct.pack("<q", amount))
-        return struct.unpack("<q", self._exactly(8))[0]
+        with self.lock:
+            self._send(bytes([ADD]) + _string(KEY_PREFIX + key) + struct.pack("<q", amount))
+            return struct.unpack("<q", self._exactly(8))[0]
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
-        self._send(bytes([COMPARE_SET]) + _string(KEY_PREFIX + key) + _string(expected) + _string(desired))
-        return self._bytes()
+        with self.lock:
+            self._send(bytes([COMPARE_SET]) + _string(KEY_PREFIX + key) + _string(expected) + _string(desired))
+            return self._bytes()
+
+    def append(self, key: str, value: str | bytes) -> None:
+        with self.lock:
+            self._send(bytes([APPEND]) + _string(KEY_PREFIX + key) + _string(value))
+
+    def delete_key(self, key: str) -> bool:
+        with self.lock:
+            self._send(bytes([DELETE_KEY]) + _string(KEY_PREFIX + key))
+            return struct.unpack("<q", self._exactly(8))[0] == 1
+
+    def check(self, keys: Sequence[str]) -> bool:
+        """Whether every key is set, without waiting."""
+        with self.lock:
+            self._send(bytes([CHECK]) + _keys(keys))
+            answer = self._exactly(1)[0]
+        if answer not in (READY, NOT_READY):
+            raise StoreError(f"unexpected answer {answer} to a check")
+        return answer == READY
 
     def wait(self, keys: Sequence[str], timeout: datetime.timedelta | None = None) -> None:
         """Until every key is set; past ``timeout`` (the client's own by default) StoreError, after
         cancelling the wait as torch's client does, so the connection stays usable."""
-        self._send(bytes([WAIT]) + struct.pack("<Q", len(keys)) + b"".join(_string(KEY_PREFIX + k) for k in keys))
         limit = self.timeout_s if timeout is None else timeout.total_seconds()
-        self.conn.settimeout(max(0.001, limit))
-        try:
-            answer = self._exactly(1)[0]
-        except StoreError as exc:
-            if "in time" not in str(exc):
-                raise
-            self._cancel()
-            raise StoreError(f"wait timeout after {limit:.0f} s, keys: {', '.join(keys)}") from None
-        finally:
-            self.conn.settimeout(self.timeout_s)
+        with self.lock:
+            self._send(bytes([WAIT]) + _keys(keys))
+            self.conn.settimeout(max(0.001, limit))
+            try:
+                answer = self._exactly(1)[0]
+            except StoreError as exc:
+                if "in time" not in str(exc):
+                    raise
+                self._cancel()
+                raise StoreError(f"wait timeout after {limit:.0f} s, keys: {', '.join(keys)}") from None
+            finally:
+                self.conn.settimeout(self.timeout_s)
         if answer != STOP_WAITING:
             raise StoreError(f"unexpected answer {answer} to a wait")
 
@@ -154,6 +191,20 @@ def connect(host: str, port: int, timeout_s: float, pause_s: float = 0.05, pause
                 raise StoreError(f"could not reach the store at {host}:{port} within {timeout_s:.0f} s ({exc.strerror or exc})") from None
         time.sleep(pause_s)
         pause_s = min(pause_s * 1.5, pause_max_s)
+
+
+def open_client(host: str, port: int, timeout_s: float):  # type: ignore[no-untyped-def]
+    """A client of the TCPStore at ``host``:``port``: this module's where it speaks the installed
+    torch's protocol (the process then never imports torch: about 3 s of CPU and 300 MB), else
+    torch's own."""
+    if speaks_with(installed_torch()):
+        try:
+            return StoreClient(host, port, timeout_s)
+        except ProtocolMismatch:
+            pass  # a server of another protocol: torch's own client speaks it
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def speaks_with(torch_version: str | None) -> bool:
