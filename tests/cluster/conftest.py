@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,23 +63,61 @@ def assert_trained_across_nodes(output: str, nodes: int = 2, per_node: int = 2) 
     assert f"done world={world}" in output
 
 
-@pytest.fixture
-def throttled_cpu(cluster: Cluster) -> Iterator[str]:
-    """node3's slurmd, and so every process of its job steps, held to 15% of one CPU."""
+@contextmanager
+def throttling(cluster: Cluster, once: Path | None = None, lifted: Callable[[], bool] | None = None) -> Iterator[str]:
+    """node3's slurmd, and so every process of its job steps, in a cgroup held to 15% of one CPU:
+    at once, or from when the file ``once`` exists, and until ``lifted()`` says so (the group is the
+    same throughout, only its quota changes): a test of what a slow node does at one stage need not
+    wait out the others at 15% of a CPU (each torch import takes 20 s there)."""
     group = CPU_CGROUP / "hpct-node3"
     if not (CPU_CGROUP / "cgroup.procs").exists():
         pytest.fail("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu to throttle a node with")
     slurmd = (cluster.dir / "slurmd-node3.pid").read_text().strip()
     group.mkdir(exist_ok=True)
+    stop = threading.Event()
+
+    def until(done: Callable[[], bool], quota: str) -> None:
+        while not stop.is_set() and not done():
+            stop.wait(0.1)
+        if not stop.is_set():
+            (group / "cpu.cfs_quota_us").write_text(quota)
+
+    def hold_then_lift() -> None:
+        if once is not None:
+            until(once.exists, "15000")
+        if lifted is not None:
+            until(lifted, "-1")
+
+    waiter = threading.Thread(target=hold_then_lift, daemon=True)
     try:
         (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text("15000")
+        (group / "cpu.cfs_quota_us").write_text("-1" if once else "15000")
         (group / "cgroup.procs").write_text(slurmd)
+        waiter.start()
         yield "node3"
     finally:
+        stop.set()
+        if waiter.ident is not None:
+            waiter.join()
         for pid in (group / "cgroup.procs").read_text().split():
             try:
                 (CPU_CGROUP / "cgroup.procs").write_text(pid)
             except OSError:
                 pass  # gone meanwhile
         os.rmdir(group)
+
+
+@pytest.fixture
+def throttled_screen(cluster: Cluster, job_dir: Path) -> Iterator[str]:
+    """node3 held to 15% of one CPU from before its job starts until node 0 has printed the
+    screen's judgement (``hpctorch: screen: N nodes in``) to the job's output."""
+    out = job_dir / "out.txt"
+    with throttling(cluster, lifted=lambda: out.exists() and "hpctorch: screen: 3 nodes in " in out.read_text(errors="replace")) as node:
+        yield node
+
+
+@pytest.fixture
+def throttled_training(cluster: Cluster, job_dir: Path) -> Iterator[str]:
+    """node3 held to 15% of one CPU from when its rank writes ``training-node3`` in the job's folder."""
+    with throttling(cluster, job_dir / "training-node3") as node:
+        yield node

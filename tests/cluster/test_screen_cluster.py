@@ -98,12 +98,12 @@ def test_a_shaped_link_is_named_and_fail_stops_before_the_workers(cluster: Clust
     assert "#SBATCH --exclude=node3" in dry.stdout, dry.stdout + dry.stderr
 
 
-def test_a_throttled_cpu_is_named_and_warn_goes_on(cluster: Cluster, job_dir: Path, throttled_cpu: str) -> None:
+def test_a_throttled_cpu_is_named_and_warn_goes_on(cluster: Cluster, job_dir: Path, throttled_screen: str) -> None:
     state, output, summary = screened(cluster, job_dir, "--screen")
     assert state == "COMPLETED", output[-3000:]
-    assert any(line.startswith(f"hpctorch: screen: {throttled_cpu}: compute ") for line in screen_lines(output)), output[-3000:]
+    assert any(line.startswith(f"hpctorch: screen: {throttled_screen}: compute ") for line in screen_lines(output)), output[-3000:]
     assert not [line for line in screen_lines(output) if line.startswith(("hpctorch: screen: node1:", "hpctorch: screen: node2:"))], output[-3000:]
-    assert {f["host"] for f in summary["screen"]["findings"]} == {throttled_cpu}
+    assert {f["host"] for f in summary["screen"]["findings"]} == {throttled_screen}
     compute = next(f for f in summary["screen"]["findings"] if f["measure"] == "compute")
     # Compared with its kind (the three nodes are one machine: one CPU model, one thread each).
     assert compute["value"] < 0.5 * compute["median"] and compute["kind"].endswith(", 1 thread"), compute
