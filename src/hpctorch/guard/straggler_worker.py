@@ -23,9 +23,11 @@ collectives is the signal (``guard.stragglers`` judges it). Measured where torch
   the reducer accepts one registration); its collectives are timed as plain calls.
 
 Every ``PUBLISH_S`` a thread writes this rank's running totals (``t``: monotonic now, ``inside_s``,
-``count``, its global ``rank``: torch's rendezvous may number the nodes, and its ``pid``: the node
-reads its cgroup's CPU throttling) to ``<HPCTORCH_STRAGGLERS_DIR>/<local rank>.json``, a private folder of the node's,
-which the node's watchdog reads: no store traffic from a worker.
+``count``, its global ``rank``: torch's rendezvous may number the nodes, its ``pid``: the node
+reads its cgroup's CPU throttling, and ``progress``: a collective completed, written at once at the
+first, from which torch's agent learns that an attempt trained: ``start.attempts``) to
+``<HPCTORCH_STRAGGLERS_DIR>/<local rank>.json``, a private folder of the node's, which the node's
+watchdog reads: no store traffic from a worker.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 
 DIR_ENV = "HPCTORCH_STRAGGLERS_DIR"
 PUBLISH_S = 5.0
@@ -59,6 +62,10 @@ class Meter:
         self._device_s = 0.0
         self.count = 0
         self.inside_s = 0.0
+        self.progressed = threading.Event()
+        """Set once a collective completed (not one that raised): this attempt reached training."""
+        self.on_progress: Callable[[], object] | None = None
+        """Called then, in the thread that saw it complete (the rank's file is written at once)."""
         self._cut = time.monotonic()
         self._tokens = 0
 
@@ -68,17 +75,23 @@ class Meter:
             self._open[self._tokens] = start
             return self._tokens
 
-    def interval(self, start: float, end: float, token: int | None = None) -> None:
+    def interval(self, start: float, end: float, token: int | None = None, completed: bool = True) -> None:
         with self._lock:
             self._intervals.append((start, end))
             self.count += 1
             if token is not None:
                 self._open.pop(token, None)
+        if completed and not self.progressed.is_set():
+            self.progressed.set()
+            if self.on_progress is not None:
+                self.on_progress()
 
     def duration(self, seconds: float, count: int = 1) -> None:
         with self._lock:
             self._device_s += max(0.0, seconds)
             self.count += count
+        if count:
+            self.progressed.set()
 
     def totals(self, now: float) -> dict[str, float]:
         """Running totals up to ``now``: the finished intervals since the last call, clipped to
@@ -91,7 +104,8 @@ class Meter:
             # Under way: counted up to now; once finished, only its part after this cut is added.
             intervals += [(start, now) for start in self._open.values()]
         self.inside_s += device + merged_length(intervals, cut)
-        return {"t": now, "inside_s": self.inside_s, "count": count, "rank": int(os.environ.get("RANK", "0") or 0), "pid": os.getpid()}
+        return {"t": now, "inside_s": self.inside_s, "count": count, "rank": int(os.environ.get("RANK", "0") or 0), "pid": os.getpid(),
+                "progress": self.progressed.is_set()}
 
 
 def merged_length(intervals: list[tuple[float, float]], since: float) -> float:
@@ -145,7 +159,7 @@ def _host_timed(collective):  # type: ignore[no-untyped-def]
         try:
             work = collective(*args, **kwargs)
         except BaseException:
-            METER.interval(start, time.monotonic(), token)
+            METER.interval(start, time.monotonic(), token, completed=False)
             raise
         if work is None or not hasattr(work, "get_future"):
             METER.interval(start, time.monotonic(), token)
@@ -182,6 +196,7 @@ def _started(module) -> None:  # type: ignore[no-untyped-def]
         import atexit
 
         path = os.path.join(directory, f"{os.environ.get('LOCAL_RANK', '0')}.json")
+        METER.on_progress = lambda: _publish(path)  # the agent reads from it that this attempt trained (start.attempts)
         threading.Thread(target=_publish_loop, args=(path,), name="hpctorch-stragglers", daemon=True).start()
         atexit.register(_publish, path)  # the last seconds too, for the closing summary
         if os.environ.get("HPCTORCH_STRAGGLERS_NODE"):  # per task: this rank is its node's side of the watch

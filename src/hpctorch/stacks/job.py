@@ -154,10 +154,10 @@ class NodeStacks:
         """Node 0: the survivors' stacks taken at teardown, with the other nodes' (``store``)."""
         return self.lines(store, "teardown", self.teardown, timeout_s, TEARDOWN_TITLE) if self.teardown is not None else []
 
-def install_teardown_capture(take: Callable[[], None], after: Callable[[], None] = lambda: None,
+def install_teardown_capture(take: Callable[[], None], after: Callable[[object], None] = lambda _context: None,
                              failed: Callable[[object, dict], None] | None = None) -> None:
     """Run ``take`` just before torch stops the workers (every way a run ends: a failed rank,
-    a signal, success; a restart), and ``after`` once they are stopped. torch offers no hook
+    a signal, success; a restart), and ``after(context)`` once they are stopped. torch offers no hook
     there; ``PContext.close`` is the public method every path goes through (torch 2.1 to 2.13:
     the agent's shutdown, and the process context itself as soon as one worker failed).
     ``failed(context, failures)`` first, where workers failed (the context's ``_failures``, local
@@ -182,7 +182,7 @@ def install_teardown_capture(take: Callable[[], None], after: Callable[[], None]
         try:
             return original(context, *args, **kwargs)
         finally:
-            after()
+            after(context)
 
     close._hpctorch = True  # type: ignore[attr-defined]
     PContext.close = close  # type: ignore[method-assign]

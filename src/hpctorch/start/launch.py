@@ -168,6 +168,7 @@ def run_per_node(
 
     from ..guard import agreement
     from ..guard.stallalone import AloneStall
+    from .attempts import EXIT_NO_PROGRESS, Attempts, NoProgress, limit_from
     from ..guard.watchdog import JobWatchdog, StallWatch, logged_bytes
     from ..stacks.job import NodeStacks, install_teardown_capture
 
@@ -196,8 +197,12 @@ def run_per_node(
         if not stacks.tearing_down:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    def restarting() -> None:
+    attempts = Attempts(straggle_dir, limit_from(os.environ)) if plan.max_restarts else None
+
+    def restarting(context: object) -> None:
         stacks.tearing_down = False
+        if attempts is not None:
+            attempts.ended(context)  # NoProgress from here ends torch's agent
 
     from ..guard.stragglers import Alone, for_node
 
@@ -209,7 +214,7 @@ def run_per_node(
     # One node: no store shared with other nodes to judge a stall through (its port may be torch's
     # to choose): watched here.
     stalled = AloneStall(watch, stacks, on_kill=stop_workers).start() if watch is not None and plan.nnodes == 1 else None
-    install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=restarting if plan.max_restarts else lambda: None,
+    install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=restarting if plan.max_restarts else lambda _context: None,
                              failed=seat.failed if seat is not None else None)
     if seat is not None:
         spares.seat_for(seat)
@@ -228,6 +233,9 @@ def run_per_node(
         failure = failure_line(plan, rank, first.local_rank, first.exitcode, where)
         watchdog.report_failure(failure.line)
         requeue_if_preempted(plan, preempted, requeue)
+    except NoProgress as exc:
+        watchdog.report_failure(f"node {plan.node_rank}: {exc.line().removeprefix('stopped: ')}")
+        failure = WorkersFailed(exc.line(), exit_code=EXIT_NO_PROGRESS)
     except SignalException as exc:
         reason = watchdog.reason or (stalled.poll() if stalled is not None else None)
         if reason:

@@ -1,0 +1,40 @@
+"""No restart storms, under torch's real agent: attempts in a row that reach no training step
+stop the restarts with exit status 4 and one line; attempts that train restart as often as
+--max-restarts allows."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ROOT, clean_env, hpctorch
+
+pytest.importorskip("torch")
+REPORT = str(ROOT / "tests" / "fixtures" / "report.py")
+
+
+def test_attempts_that_never_train_stop_with_their_own_status(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("import os, sys\nprint('ATTEMPT', os.environ['TORCHELASTIC_RESTART_COUNT'], flush=True)\nsys.exit(3)\n")
+    done = hpctorch("run", "--max-restarts", "10", "--nproc-per-node", "1", str(broken), env=clean_env(), timeout=240)
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert re.findall(r"ATTEMPT (\d+)", done.stdout) == ["0", "1", "2"], done.stdout  # 3 attempts of the 11 allowed
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == ("hpctorch: stopped: 3 attempts in a row reached no training step (no collective completed after the process "
+                    "group; the last: local rank 0 exited with code 3); restarting or requeueing would fail the same way: fix "
+                    "the first error above (exit status 4)"), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+
+
+def test_attempts_that_train_use_every_restart() -> None:
+    # Each attempt completes a collective, then its rank 0 fails: 2 attempts without a step would
+    # stop the job, these restart as --max-restarts 2 says (3 attempts), then fail as usual.
+    done = hpctorch("run", "--max-restarts", "2", "--nproc-per-node", "1", REPORT, "--init", "--brief", "--exit", "3",
+                    env=clean_env(HPCTORCH_NO_PROGRESS_ATTEMPTS="2"), timeout=240)
+    assert done.returncode == 1, done.stderr[-3000:]
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in done.stdout.splitlines() if "REPORT " in line]
+    assert sorted(r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in reports) == ["0", "1", "2"], done.stdout
+    assert "reached no training step" not in done.stderr
