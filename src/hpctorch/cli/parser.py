@@ -296,4 +296,11 @@ def parser(only: str | None = None) -> _Parser:
         added.add_argument("--reason", default="added by hand", help="why (shown by list)")
         bad_sub.add_parser("remove", help="NODES -> off the list").add_argument("names", nargs="+")
         bad_sub.add_parser("clear", help="empty the list")
+    staging = sub.add_parser("stage", help="your copies of Python environments on this node (run --stage-env)", allow_abbrev=False)
+    if only in (None, "stage"):
+        stage_sub = staging.add_subparsers(dest="action", parser_class=_Parser)
+        for name, text in (("list", "each copy here: its size, when a job last started from it, the processes running from it (the default)"),
+                           ("clean", "remove every copy no process runs from")):
+            one = stage_sub.add_parser(name, help=text)
+            one.add_argument("--stage-dir", default=None, metavar="DIR", help="the folder run was given (default /tmp, /dev/shm where /tmp is not local)")
     return parser

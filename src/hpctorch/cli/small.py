@@ -1,4 +1,4 @@
-"""The small commands: ``badnodes``, ``hostlist``, ``--version``."""
+"""The small commands: ``badnodes``, ``hostlist``, ``stage``, ``--version``."""
 
 from __future__ import annotations
 
@@ -48,6 +48,39 @@ def hostlist_command(args: argparse.Namespace) -> int:
         given = args.names if args.names and args.names != ["-"] else [sys.stdin.read()]  # none or "-": names on stdin
         names = [n for arg in given for n in arg.replace(",", " ").split()]
         print(hostlist.compress(names))
+    return 0
+
+
+def stage_command(args: argparse.Namespace) -> int:
+    """``stage list``: this user's environment copies on this node; ``stage clean``: those no process runs from, removed."""
+    import time
+
+    from ..host import folders
+    from ..stage import inventory
+    from ..stage.pack import amount
+
+    root = args.stage_dir or folders.local_scratch()
+    if not os.path.isdir(root):
+        raise HpctorchError(f"--stage-dir {root}: no such folder", "give the folder your jobs were given with run --stage-dir")
+    where = folders.private_dir(os.path.join(folders.stage_dir(root), "copies"))
+    memory = " (in memory: a tmpfs, counted against this node's RAM)" if inventory.in_memory(where) else ""
+    if args.action == "clean":
+        gone = inventory.clean(where)
+        kept = inventory.copies(where)
+        print(f"removed {len(gone)} cop{'y' if len(gone) == 1 else 'ies'} ({amount(sum(c.size for c in gone))}) from {where}{memory}; "
+              f"kept {len(kept)} a running process uses", file=sys.stderr)
+        return 0
+    found = inventory.copies(where)
+    if found:
+        print("key	size	last used	in use by	copies of")
+    for copy in found:
+        users = ", ".join(f"pid {pid}" for pid in copy.users) or "-"
+        what = "(being made)" if copy.partial and copy.users else "(half made, its job gone)" if copy.partial else ", ".join(copy.roots) or "-"
+        print(f"{copy.key[:16]}\t{amount(copy.size)}\t{time.strftime('%Y-%m-%d %H:%M', time.localtime(copy.used))}\t{users}\t{what}")
+    sys.stdout.flush()  # the table, then the count: never on one line of a terminal
+    idle = [c for c in found if not c.users]
+    print(f"{len(found)} cop{'y' if len(found) == 1 else 'ies'}, {amount(sum(c.size for c in found))}, in {where}{memory}; "
+          f"{len(found) - len(idle)} in use; hpctorch stage clean removes the {len(idle)} no process runs from", file=sys.stderr)
     return 0
 
 

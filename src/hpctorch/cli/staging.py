@@ -37,6 +37,8 @@ def stage(args: argparse.Namespace, plan: Plan, chosen) -> None:  # type: ignore
     from ..stage.node import stage as stage_node
 
     started = time.monotonic()
+    if plan.node_rank == 0 and (plan.nnodes == 1 or plan.simulated) and not args.quiet:
+        _say_if_local()
     # Per task, each node's first rank takes the node's part; the node's other ranks use its copy.
     first = plan.mode != "per-task" or plan.workers[0].env.get("HPCTORCH_LOCAL_TASK_RANK", str(plan.workers[0].local_rank)) == "0"
     listeners = plan.world_size - plan.nnodes if plan.mode == "per-task" else 0
@@ -50,3 +52,14 @@ def stage(args: argparse.Namespace, plan: Plan, chosen) -> None:  # type: ignore
     if plan.node_rank == 0 and first and not args.quiet:
         print(f"hpctorch: the workers run from a copy of {', '.join(copy.copies)} on each node's own disk "
               f"({os.path.dirname(next(iter(copy.copies.values())))}, {time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
+
+
+def _say_if_local() -> None:
+    """One machine whose environment is on its own disk: the copy costs a pack and its space, and spares nothing."""
+    from ..host.folders import NETWORK_FILE_SYSTEMS, file_system_of
+
+    kind = file_system_of(sys.prefix)
+    if kind is not None and kind not in NETWORK_FILE_SYSTEMS:
+        print(f"hpctorch: --stage-env on one machine whose environment ({sys.prefix}) is on its own disk ({kind}): the copy "
+              "gains nothing here (the first run packs and copies it); it pays off where many nodes import from a shared "
+              "file system", file=sys.stderr, flush=True)

@@ -17,19 +17,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .. import progress, staged
+from .. import progress, staged, storeclient
 from ..errors import HpctorchError
 from ..guard import authority
 from ..host import folders
 from ..plan.types import Plan
-from .. import storeclient
-from . import environment, pack, spread, unpack
+from . import environment, inventory, pack, spread, unpack
 
 TIMEOUT_S = 600.0
 """Default bound on a node's whole staging (``HPCTORCH_STAGE_TIMEOUT_S``)."""
@@ -145,15 +148,39 @@ def stage(plan: Plan, settings: Settings, connect: Callable[[], object] | None =
     part and its other ranks (``listeners`` in the whole job) use the copy it made."""
     base = folders.stage_dir(settings.stage_root)
     copies_dir = folders.private_dir(os.path.join(base, "copies"))
-    if connect is None or plan.simulated or (plan.nnodes == 1 and not listeners):
-        return _decide(plan, settings, _alone(settings, base, copies_dir), None)
-    store = connect()
+    with _half_copy_removed_if_stopped(copies_dir):
+        if connect is None or plan.simulated or (plan.nnodes == 1 and not listeners):
+            return _decide(plan, settings, _alone(settings, base, copies_dir), None)
+        store = connect()
+        try:
+            if not first:
+                return _follow(plan, settings, store, copies_dir)
+            return _together(plan, settings, store, base, copies_dir, listeners)
+        finally:
+            del store
+
+
+@contextmanager
+def _half_copy_removed_if_stopped(copies_dir: str) -> Iterator[None]:
+    """A SIGTERM or SIGINT while this node unpacks (scancel, Ctrl-C) removes the half copy
+    first, then acts as it would have (in the main thread, where Python runs handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopped(number: int, _frame: object) -> None:
+        for name in os.listdir(copies_dir):
+            if name.startswith(".") and name.endswith(f".{os.getpid()}.tmp"):
+                shutil.rmtree(os.path.join(copies_dir, name), ignore_errors=True)
+        signal.signal(number, before[number])
+        signal.raise_signal(number)
+
+    before = {number: signal.signal(number, stopped) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
-        if not first:
-            return _follow(plan, settings, store, copies_dir)
-        return _together(plan, settings, store, base, copies_dir, listeners)
+        yield
     finally:
-        del store
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def _follow(plan: Plan, settings: Settings, store, copies_dir: str) -> Staged | None:  # type: ignore[no-untyped-def]
@@ -314,6 +341,7 @@ def _staged(copies_dir: str, key: str, python: str) -> Staged:
     folder = os.path.join(copies_dir, key)
     if os.path.commonpath([folder, interpreter]) != folder or not os.path.isfile(interpreter):
         raise _Problem(f"the environment's interpreter {python} does not lie inside its copy {folder}")
+    inventory.hold(copies_dir, key)  # kept while this process (the node's launcher, or the rank it becomes) lives
     return Staged(interpreter, copies, key)
 
 

@@ -15,11 +15,12 @@ import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from ..host.folders import private_dir, replace_file, sweep, why_unsafe
-from .pack import CHUNK, KEEP_S, amount
+from ..host.folders import private_dir, replace_file, why_unsafe
+from . import inventory
+from .inventory import MARK
+from .pack import CHUNK, amount
 from .relocate import relocate
 
-MARK = "staged.json"
 SPARE_BYTES = 64 << 20
 
 
@@ -89,7 +90,7 @@ def receive(chunks: Iterable[bytes], base: str, key: str, roots: Iterable[str], 
     free = shutil.disk_usage(base).free
     if free < size + SPARE_BYTES:
         raise UnpackError(f"no space for the environment in {base}: it needs {amount(size)}, {amount(free)} free")
-    sweep(base, ("",), KEEP_S)  # copies no job used for a week
+    inventory.prune(base)  # copies no process uses beyond the few used last, half copies of jobs gone
     temporary = os.path.join(base, f".{key}.{os.getpid()}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
     private_dir(temporary)
