@@ -291,8 +291,21 @@ def _whole_lines(stream) -> None:  # type: ignore[no-untyped-def]
             pass
 
 
+def _translations_looked_up_once() -> None:
+    """argparse passes each of its strings through gettext, which looks for a translation anew
+    each time under sys.base_prefix/share/locale: four stats a string where LANG is set, 108
+    calls on the shared file system before a staged copy exists. Looked up once: where there is
+    none (CPython ships none), argparse's strings are used as they are."""
+    import gettext
+
+    if gettext.find(gettext.textdomain()) is None:
+        argparse._ = lambda message: message  # type: ignore[attr-defined]
+        argparse.ngettext = lambda singular, plural, count: singular if count == 1 else plural  # type: ignore[attr-defined]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _whole_lines(sys.stderr)
+    _translations_looked_up_once()
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         if argv[:1] in (["--version"], ["-V"]):
