@@ -1,6 +1,6 @@
 """No restart storms, under torch's real agent: attempts in a row that reach no training step
 stop the restarts with exit status 4 and one line; attempts that train restart as often as
---max-restarts allows."""
+--max-restarts allows, and the closing goodput says what each restart cost."""
 
 from __future__ import annotations
 
@@ -29,12 +29,19 @@ def test_attempts_that_never_train_stop_with_their_own_status(tmp_path: Path) ->
     assert "Traceback" not in done.stderr
 
 
-def test_attempts_that_train_use_every_restart() -> None:
+def test_attempts_that_train_use_every_restart_and_the_goodput_says_what_each_cost(tmp_path: Path) -> None:
     # Each attempt completes a collective, then its rank 0 fails: 2 attempts without a step would
     # stop the job, these restart as --max-restarts 2 says (3 attempts), then fail as usual.
-    done = hpctorch("run", "--max-restarts", "2", "--nproc-per-node", "1", REPORT, "--init", "--brief", "--exit", "3",
-                    env=clean_env(HPCTORCH_NO_PROGRESS_ATTEMPTS="2"), timeout=240)
+    summary = tmp_path / "summary.json"
+    done = hpctorch("run", "--max-restarts", "2", "--nproc-per-node", "1", "--summary-json", str(summary), REPORT, "--init", "--brief",
+                    "--exit", "3", env=clean_env(HPCTORCH_NO_PROGRESS_ATTEMPTS="2"), timeout=240)
     assert done.returncode == 1, done.stderr[-3000:]
     reports = [json.loads(line.split("REPORT ", 1)[1]) for line in done.stdout.splitlines() if "REPORT " in line]
     assert sorted(r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in reports) == ["0", "1", "2"], done.stdout
     assert "reached no training step" not in done.stderr
+    # Where the time went: to the first collective, training, each of the 2 restarts; it adds up.
+    goodput = json.loads(summary.read_text())["goodput"]
+    assert len(goodput["lost_s"]) == 2 and all(s > 0 for s in goodput["lost_s"]), goodput
+    assert goodput["start_s"] > 0 and goodput["training_s"] >= 0
+    assert abs(goodput["start_s"] + goodput["training_s"] + sum(goodput["lost_s"]) - goodput["wall_s"]) < 1.0, goodput
+    assert re.search(r"^hpctorch: goodput \d+%: .* lost to 2 restarts \(", done.stderr, re.M), done.stderr[-3000:]

@@ -24,8 +24,9 @@ collectives is the signal (``guard.stragglers`` judges it). Measured where torch
 
 Every ``PUBLISH_S`` a thread writes this rank's running totals (``t``: monotonic now, ``inside_s``,
 ``count``, its global ``rank``: torch's rendezvous may number the nodes, its ``pid``: the node
-reads its cgroup's CPU throttling, and ``progress``: a collective completed, written at once at the
-first, from which torch's agent learns that an attempt trained: ``start.attempts``) to
+reads its cgroup's CPU throttling, ``progress``: a collective completed, written at once at the
+first, from which torch's agent learns that an attempt trained, ``start.attempts``, and ``first``:
+when, for the goodput) to
 ``<HPCTORCH_STRAGGLERS_DIR>/<local rank>.json``, a private folder of the node's, which the node's
 watchdog reads: no store traffic from a worker.
 """
@@ -64,6 +65,8 @@ class Meter:
         self.inside_s = 0.0
         self.progressed = threading.Event()
         """Set once a collective completed (not one that raised): this attempt reached training."""
+        self.first: float | None = None
+        """When (monotonic: one clock for the node's processes) the first collective completed."""
         self.on_progress: Callable[[], object] | None = None
         """Called then, in the thread that saw it complete (the rank's file is written at once)."""
         self._cut = time.monotonic()
@@ -82,6 +85,7 @@ class Meter:
             if token is not None:
                 self._open.pop(token, None)
         if completed and not self.progressed.is_set():
+            self.first = end
             self.progressed.set()
             if self.on_progress is not None:
                 self.on_progress()
@@ -90,7 +94,8 @@ class Meter:
         with self._lock:
             self._device_s += max(0.0, seconds)
             self.count += count
-        if count:
+        if count and not self.progressed.is_set():
+            self.first = time.monotonic()
             self.progressed.set()
 
     def totals(self, now: float) -> dict[str, float]:
@@ -105,7 +110,7 @@ class Meter:
             intervals += [(start, now) for start in self._open.values()]
         self.inside_s += device + merged_length(intervals, cut)
         return {"t": now, "inside_s": self.inside_s, "count": count, "rank": int(os.environ.get("RANK", "0") or 0), "pid": os.getpid(),
-                "progress": self.progressed.is_set()}
+                "progress": self.progressed.is_set(), "first": self.first}
 
 
 def merged_length(intervals: list[tuple[float, float]], since: float) -> float:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..plan.types import Plan
 from ..schedulers import hostlist
+from .goodput import line as goodput_line
 from .stragglers import SHOWN_RANKS, node_name
 
 
@@ -30,22 +31,24 @@ class Summary:
     """Node ranks that left the job to a hot spare (``--spare-nodes`` with ``--max-restarts``)."""
     stragglers_named: tuple[dict, ...] = ()
     """Each straggler the watch named during the run, with its evidence and rule (``Straggler.evidence``)."""
+    goodput: Mapping[str, object] | None = None
+    """Where the time went (``goodput.account``): to the first collective, training, lost to each restart."""
 
     @classmethod
     def of(cls, plan: Plan, exit_code: int, wall_s: float, final: Mapping[str, Mapping[int, object]],
-           logs: str | None, failure: str | None) -> "Summary":
+           logs: str | None, failure: str | None, goodput: Mapping[str, object] | None = None) -> "Summary":
         names = plan.nodes or tuple(f"node {n}" for n in range(plan.nnodes))
         done = final.get("done") or ({0: exit_code == 0} if plan.nnodes == 1 else {})
         ranks = per_rank(final.get("stragglers") or {}, plan)  # type: ignore[arg-type]
         return cls(exit_code, wall_s, tuple(names), tuple(n for n, ok in sorted(done.items()) if ok),
                    {int(n): float(s) for n, s in (final.get("start_s") or {}).items()}, logs, failure,  # type: ignore[arg-type]
                    tuple(ranks), tuple(sorted(int(n) for n in (final.get("replaced") or {}))),
-                   tuple(v for v in (final.get("stragglers_named") or ()) if isinstance(v, dict)))
+                   tuple(v for v in (final.get("stragglers_named") or ()) if isinstance(v, dict)), goodput)
 
     def lines(self) -> list[str]:
-        """The closing line, the stragglers named during the run (each with its evidence), then
-        the per-rank table of time inside collectives where measured."""
-        return [self.line(), *named(self.stragglers_named), *table(self.ranks)]
+        """The closing line, the goodput, the stragglers named during the run (each with its
+        evidence), then the per-rank table of time inside collectives where measured."""
+        return [self.line(), *([goodput_line(dict(self.goodput))] if self.goodput else []), *named(self.stragglers_named), *table(self.ranks)]
 
     def line(self) -> str:
         if self.exit_code == 0:
@@ -80,6 +83,7 @@ class Summary:
         data["replaced"] = [self.nodes[n] for n in self.replaced]
         data["ranks"] = list(self.ranks)
         data["stragglers_named"] = list(self.stragglers_named)
+        data["goodput"] = dict(self.goodput) if self.goodput else None
         with open(path, "w", encoding="utf-8") as out:
             json.dump(data, out, indent=2)
             out.write("\n")

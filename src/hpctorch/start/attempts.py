@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
+
+from ..guard.goodput import Attempt, first_collective
 
 EXIT_NO_PROGRESS = 4
 """hpctorch's exit status when attempts in a row reached no training step: a requeue would fail
@@ -54,7 +57,8 @@ def limit_from(env: Mapping[str, str]) -> int:
 
 
 class Attempts:
-    """This node's attempts, counted as torch's agent ends each (``ended``, from the teardown hook)."""
+    """This node's attempts, each noted as torch's agent ends it (``ended``, from the teardown
+    hook): for the goodput (``history``) and, with a ``limit``, against restart storms."""
 
     def __init__(self, directory: str | None, limit: int) -> None:
         """``directory``: this node's straggler-watch folder (None: the watch is off, nothing to read)."""
@@ -62,17 +66,22 @@ class Attempts:
         self.limit = limit
         self.without_progress = 0
         self.stopped = False
+        self.history: list[Attempt] = []
 
     def ended(self, context: object) -> None:
         """Once per attempt; ``NoProgress`` at the limit (raised once: torch's agent then shuts
         down, closing the context again)."""
-        if self.directory is None or not self.limit or self.stopped or getattr(context, ENDED, False):
+        if self.directory is None or self.stopped or getattr(context, ENDED, False):
             return
         try:
             setattr(context, ENDED, True)
         except AttributeError:
             return  # not a context this module can tell apart from the next: uncounted
-        self.without_progress = 0 if self._progressed(_pids(context)) else self.without_progress + 1
+        pids = _pids(context)
+        self.history.append(Attempt(time.monotonic(), first_collective(self.directory, pids)))
+        if not self.limit:
+            return
+        self.without_progress = 0 if self._progressed(pids) else self.without_progress + 1
         if self.without_progress >= self.limit:
             self.stopped = True
             raise NoProgress(self.without_progress, _failure(context))

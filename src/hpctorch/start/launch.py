@@ -197,12 +197,12 @@ def run_per_node(
         if not stacks.tearing_down:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    attempts = Attempts(straggle_dir, limit_from(os.environ)) if plan.max_restarts else None
+    attempts = Attempts(straggle_dir, limit_from(os.environ) if plan.max_restarts else 0)
 
-    def restarting(context: object) -> None:
-        stacks.tearing_down = False
-        if attempts is not None:
-            attempts.ended(context)  # NoProgress from here ends torch's agent
+    def attempt_ended(context: object) -> None:
+        if plan.max_restarts:
+            stacks.tearing_down = False  # a restart follows
+        attempts.ended(context)  # NoProgress from here ends torch's agent
 
     from ..guard.stragglers import Alone, for_node
 
@@ -214,7 +214,7 @@ def run_per_node(
     # One node: no store shared with other nodes to judge a stall through (its port may be torch's
     # to choose): watched here.
     stalled = AloneStall(watch, stacks, on_kill=stop_workers).start() if watch is not None and plan.nnodes == 1 else None
-    install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=restarting if plan.max_restarts else lambda _context: None,
+    install_teardown_capture(lambda: stacks.take_at_teardown(watchdog.store), after=attempt_ended,
                              failed=seat.failed if seat is not None else None)
     if seat is not None:
         spares.seat_for(seat)
@@ -288,10 +288,13 @@ def run_per_node(
         shutil.rmtree(logs, ignore_errors=True)  # torch's temporary folder, nobody asked for it: the console had it all
         logs = None
     if plan.is_master and (summary_json or not quiet):
+        from ..guard import goodput
         from ..guard.summary import Summary
 
-        summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, watchdog.final,
-                             logs, failure.line if failure else None)
+        since_start = time.time() - started
+        summary = Summary.of(plan, failure.exit_code if failure else 0, since_start, watchdog.final,
+                             logs, failure.line if failure else None,
+                             goodput.account(time.monotonic() - since_start, time.monotonic(), attempts.history))
         if not quiet:
             print("\n".join(summary.lines()), file=sys.stderr, flush=True)
         if summary_json:

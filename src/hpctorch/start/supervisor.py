@@ -30,6 +30,7 @@ from typing import IO
 
 from ..errors import HpctorchError
 from ..guard.agreement_worker import read as read_agreement
+from ..guard.goodput import Attempt, first_collective
 from ..host.signals import PREEMPT_SIGNALS, STOP_SIGNALS
 from ..plan.types import Plan
 from ..plan.workerenv import torch_contract
@@ -200,6 +201,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     has_lists = any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS"))
     workers: list[subprocess.Popen] = []
     helper = stalled = None
+    attempt: Attempt | None = None
     received: list[int] = []
     preempted: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in STOP_SIGNALS}
@@ -233,6 +235,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
             alone = _watch_alone(plan, straggle_dir)
             stalled = _watch_stall_alone(plan, root, stall)
         failure, final = _wait(plan, workers, _exit_times(workers), received, root, helper, files[2] if files else "", stalled)
+        attempt = Attempt(time.monotonic(), first_collective(straggle_dir))  # before the folder goes: the goodput's
         if alone is not None:
             final = {**final, **alone.stop()}
     except (OSError, HpctorchError) as exc:
@@ -265,10 +268,12 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         shutil.rmtree(os.path.dirname(logs), ignore_errors=True)
         logs = None
     if plan.is_master and (not quiet or summary_json):
+        from ..guard.goodput import account
         from ..guard.summary import Summary
 
-        summary = Summary.of(plan, failure.exit_code if failure else 0, time.time() - started, final, logs,
-                             failure.line if failure else None)
+        since_start = time.time() - started
+        summary = Summary.of(plan, failure.exit_code if failure else 0, since_start, final, logs, failure.line if failure else None,
+                             account(time.monotonic() - since_start, time.monotonic(), [attempt] if attempt else []))
         if not quiet:
             print("\n".join(summary.lines()), file=sys.stderr, flush=True)
         if summary_json:

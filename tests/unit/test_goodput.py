@@ -1,0 +1,37 @@
+"""Where the time went (guard.goodput): start to the first collective, training per attempt,
+lost to each restart; the figures add up to the wall time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hpctorch.guard.goodput import Attempt, account, first_collective, line
+
+
+def test_a_run_with_two_restarts_adds_up() -> None:
+    # Started at 100; attempt 0 trained from 110 to 150; attempt 1 died at 160 before any
+    # collective; attempt 2 trained from 170 to the end at 200.
+    attempts = [Attempt(150.0, 110.0), Attempt(160.0, None), Attempt(200.0, 170.0)]
+    got = account(100.0, 200.0, attempts)
+    assert got == {"wall_s": 100.0, "start_s": 10.0, "training_s": 70.0, "lost_s": [10.0, 10.0], "share": 0.7}
+    assert got["start_s"] + got["training_s"] + sum(got["lost_s"]) == got["wall_s"]
+    assert line(got) == ("hpctorch: goodput 70%: 70.0 s training of 100.0 s; 10.0 s to the first collective; "
+                         "20.0 s lost to 2 restarts (10.0 s, 10.0 s)")
+
+
+def test_attempts_before_the_first_collective_are_start_and_none_at_all_says_nothing() -> None:
+    got = account(0.0, 30.0, [Attempt(5.0, None), Attempt(30.0, 12.0)])  # a failure at start, then training
+    assert got is not None and got["start_s"] == 12.0 and got["lost_s"] == [] and got["training_s"] == 18.0
+    assert line(got) == "hpctorch: goodput 60%: 18.0 s training of 30.0 s; 12.0 s to the first collective"
+    assert account(0.0, 10.0, [Attempt(5.0, None), Attempt(10.0, None)]) is None
+    assert account(0.0, 10.0, []) is None
+
+
+def test_the_first_collective_is_the_earliest_of_the_attempts_processes(tmp_path: Path) -> None:
+    for local, (pid, first) in enumerate([(11, 5.0), (12, 4.0), (13, None)]):
+        (tmp_path / f"{local}.json").write_text(json.dumps({"pid": pid, "first": first, "progress": first is not None}))
+    (tmp_path / "notes.txt").write_text("not a rank's")
+    assert first_collective(str(tmp_path)) == 4.0
+    assert first_collective(str(tmp_path), {11, 13}) == 5.0  # another attempt's rank (12) is not this one's
+    assert first_collective(str(tmp_path), {13}) is None and first_collective(None) is None
