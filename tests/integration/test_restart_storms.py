@@ -1,16 +1,19 @@
 """No restart storms, under torch's real agent: attempts in a row that reach no training step
 stop the restarts with exit status 4 and one line; attempts that train restart as often as
---max-restarts allows, and the closing goodput says what each restart cost."""
+--max-restarts allows, and the closing goodput says what each restart cost, in words, in the JSON
+and drawn (`hpctorch timeline`, rendered by headless Chromium)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, clean_env, hpctorch
+from ..conftest import ROOT, clean_env, hpctorch, require
 
 pytest.importorskip("torch")
 REPORT = str(ROOT / "tests" / "fixtures" / "report.py")
@@ -45,3 +48,21 @@ def test_attempts_that_train_use_every_restart_and_the_goodput_says_what_each_co
     assert goodput["start_s"] > 0 and goodput["training_s"] >= 0
     assert abs(goodput["start_s"] + goodput["training_s"] + sum(goodput["lost_s"]) - goodput["wall_s"]) < 1.0, goodput
     assert re.search(r"^hpctorch: goodput \d+%: .* lost to 2 restarts \(", done.stderr, re.M), done.stderr[-3000:]
+    # And drawn: the page renders in a real browser, with no console message, one row per node,
+    # the 3 attempts' training and the 2 ends that restarted.
+    drawn = hpctorch("timeline", str(summary), env=clean_env(), timeout=60)
+    assert drawn.returncode == 0 and drawn.stderr.startswith(f"hpctorch: timeline of 1 node(s) written to {tmp_path / 'summary.html'}"), drawn.stderr
+    dom = rendered(tmp_path / "summary.html")
+    assert dom.count('class="row"') == 1 and dom.count('class="training"') == 3 and dom.count('class="failure"') == 2, dom[-3000:]
+    assert "goodput" in dom and "lost to 2 restarts" in dom
+
+
+def rendered(page: Path) -> str:
+    """The page's DOM once headless Chromium loaded it; no console message allowed."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    require(chromium is not None, "Chromium is not installed (make test installs it: scripts/install-system-deps)")
+    done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom",
+                           page.as_uri()], capture_output=True, text=True, timeout=120, env={**clean_env(), "HOME": str(page.parent)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CONSOLE" not in done.stderr, [line for line in done.stderr.splitlines() if "CONSOLE" in line]
+    return done.stdout

@@ -311,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] in (["--version"], ["-V"]):
             print(small.version_line())
             return 0
-        command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "stacks", "hostlist", "badnodes", "stage") else None
+        command = argv[0] if argv and argv[0] in ("run", "plan", "doctor", "submit", "stacks", "hostlist", "badnodes", "stage", "timeline") else None
         top = parser(command)
         args, extras = top.parse_known_args(stage_paths(top, argv))
         if extras:
@@ -320,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "stage_paths", None) and not args.stage_env:
             args.stage_env = "on"  # --stage-env=DIR alone
         handler = {"run": _run, "plan": _plan, "doctor": _doctor, "submit": submitting.submit, "stacks": _stacks,
-                   "hostlist": small.hostlist_command, "badnodes": small.badnodes, "stage": small.stage_command}[args.command]
+                   "hostlist": small.hostlist_command, "badnodes": small.badnodes, "stage": small.stage_command, "timeline": small.timeline}[args.command]
         return handler(args)
     except HpctorchError as exc:
         if exc.cause:  # no cause: another node said it for the job (the screen's verdict)

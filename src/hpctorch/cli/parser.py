@@ -296,6 +296,11 @@ def parser(only: str | None = None) -> _Parser:
         added.add_argument("--reason", default="added by hand", help="why (shown by list)")
         bad_sub.add_parser("remove", help="NODES -> off the list").add_argument("names", nargs="+")
         bad_sub.add_parser("clear", help="empty the list")
+    timeline = sub.add_parser("timeline", help="draw a run's --summary-json as an HTML page: a row per node, start, training, restarts",
+                              allow_abbrev=False)
+    if only in (None, "timeline"):
+        timeline.add_argument("summary", help="the file run --summary-json wrote")
+        timeline.add_argument("-o", "--output", default=None, metavar="HTML", help="where to write the page (default: SUMMARY with .html)")
     staging = sub.add_parser("stage", help="your copies of Python environments on this node (run --stage-env)", allow_abbrev=False)
     if only in (None, "stage"):
         stage_sub = staging.add_subparsers(dest="action", parser_class=_Parser)

@@ -1,4 +1,4 @@
-"""The small commands: ``badnodes``, ``hostlist``, ``stage``, ``--version``."""
+"""The small commands: ``badnodes``, ``hostlist``, ``stage``, ``timeline``, ``--version``."""
 
 from __future__ import annotations
 
@@ -81,6 +81,28 @@ def stage_command(args: argparse.Namespace) -> int:
     idle = [c for c in found if not c.users]
     print(f"{len(found)} cop{'y' if len(found) == 1 else 'ies'}, {amount(sum(c.size for c in found))}, in {where}{memory}; "
           f"{len(found) - len(idle)} in use; hpctorch stage clean removes the {len(idle)} no process runs from", file=sys.stderr)
+    return 0
+
+
+def timeline(args: argparse.Namespace) -> int:
+    """``timeline SUMMARY.json``: the run drawn as a self-contained HTML page."""
+    import json
+
+    from ..guard.timeline import render
+
+    try:
+        with open(args.summary, encoding="utf-8") as source:
+            summary = json.load(source)
+    except OSError as exc:
+        raise HpctorchError(f"cannot read {args.summary}: {exc.strerror}", "give the file hpctorch run --summary-json FILE wrote") from None
+    except ValueError:
+        raise HpctorchError(f"{args.summary} is not JSON", "give the file hpctorch run --summary-json FILE wrote") from None
+    if not isinstance(summary, dict) or "nodes" not in summary or "wall_s" not in summary:
+        raise HpctorchError(f"{args.summary} is not an hpctorch summary (no nodes, no wall_s)", "give the file hpctorch run --summary-json FILE wrote")
+    output = args.output or os.path.splitext(args.summary)[0] + ".html"
+    with open(output, "w", encoding="utf-8") as page:
+        page.write(render(summary))
+    print(f"hpctorch: timeline of {len(summary['nodes'])} node(s) written to {output} (open it in a browser)", file=sys.stderr)
     return 0
 
 

@@ -56,7 +56,9 @@ def account(started: float, ended: float, attempts: Sequence[Attempt]) -> dict[s
     for before, after in zip(attempts[trained[0]:], attempts[trained[0] + 1:]):
         lost.append(round(max(0.0, (after.first if after.first is not None else after.ended) - before.ended), 3))
     return {"wall_s": round(wall, 3), "start_s": round(first.first - started, 3), "training_s": round(training, 3),  # type: ignore[operator]
-            "lost_s": lost, "share": round(training / wall, 4)}
+            "lost_s": lost, "share": round(training / wall, 4),
+            "attempts": [{"first_s": None if a.first is None else round(a.first - started, 3), "ended_s": round(a.ended - started, 3)}
+                         for a in attempts]}
 
 
 def line(goodput: dict) -> str:
