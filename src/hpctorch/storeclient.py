@@ -81,12 +81,16 @@ class StoreClient:
         except Exception:  # noqa: BLE001 - interpreter teardown
             pass
 
-    def _exactly(self, count: int) -> bytes:
+    def _exactly(self, count: int, waiting: bool = False) -> bytes:
+        """``count`` bytes of the answer. Out of time, the connection is closed (a late answer
+        would be read as the next request's), unless ``waiting``: a wait is cancelled instead."""
         data = bytearray()
         while len(data) < count:
             try:
                 part = self.conn.recv(count - len(data))
             except (TimeoutError, socket.timeout):
+                if not waiting:
+                    self.close()
                 raise StoreError("the store did not answer in time") from None
             except OSError as exc:
                 raise StoreError(f"the store's connection failed: {exc.strerror or exc}") from None
@@ -157,7 +161,7 @@ class StoreClient:
             self._send(bytes([WAIT]) + _keys(keys))
             self.conn.settimeout(max(0.001, limit))
             try:
-                answer = self._exactly(1)[0]
+                answer = self._exactly(1, waiting=True)[0]
             except StoreError as exc:
                 if "in time" not in str(exc):
                     raise

@@ -168,9 +168,9 @@ def run_per_node(
 
     from ..guard import agreement
     from ..guard.stallalone import AloneStall
-    from .attempts import EXIT_NO_PROGRESS, Attempts, NoProgress, limit_from
     from ..guard.watchdog import JobWatchdog, StallWatch, logged_bytes
     from ..stacks.job import NodeStacks, install_teardown_capture
+    from .attempts import EXIT_NO_PROGRESS, Attempts, NoProgress, limit_from
 
     # Held until the launch returns: torch's static rendezvous serves through it. Under torch's
     # c10d rendezvous the store is its host's (maybe not node 0): no agreement check there.
