@@ -29,7 +29,6 @@ import hmac
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import time
@@ -127,6 +126,8 @@ def node0_seal(run_id: str) -> Seal:
     """Node 0's seal for ``run_id``, made once per process (every store this process serves in
     this run shares it), or the one hpctorch on this node handed over (``SECRET_FILE_ENV``)."""
     if run_id not in _made:
+        import secrets  # node 0 alone makes a secret: the others import nothing they do not need before their copy
+
         handed = os.environ.get(SECRET_FILE_ENV)
         secret = _handed_secret(handed) if handed else None
         _made[run_id] = Seal(secret or secrets.token_bytes(32), run_id, "munge" if munge_works() else "file")

@@ -3,10 +3,10 @@ in, the stragglers out, each with its figures, its evidence and the rule it was 
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from ..median import median
 from ..plan.types import Plan
 
 THROTTLED_AT = 0.5
@@ -93,7 +93,7 @@ def judge(shares: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan, thres
     for node, share in sorted(throttled.items()):
         name = node_name(plan, node, hosts)
         others = [v for n, _r, v, _c in measured if n not in throttled]
-        waiting = statistics.median(others) if others else 0.0
+        waiting = median(others) if others else 0.0
         if waiting < threshold:
             continue  # nobody waits: a quota that does not hold the job back
         if name in named:
@@ -109,7 +109,7 @@ def _by_share(measured: list[tuple[int, int, float, float]], shares: Mapping[int
               threshold: float, hosts: Mapping[int, str] | None = None) -> list[Straggler]:
     """The ranks whose share inside collectives is ``threshold`` below the others'."""
     ordered = sorted(share for *_, share, _n in measured)
-    usual = statistics.median(count for *_, count in measured)
+    usual = median(count for *_, count in measured)
     slow = []
     for node, rank, share, count in measured:
         others = _median_without(ordered, share)

@@ -4,10 +4,10 @@ straggler watch's per-rank table of time inside collectives."""
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from ..median import median as median_of
 from ..plan.types import Plan
 from ..schedulers import hostlist
 from .goodput import line as goodput_line
@@ -120,7 +120,7 @@ def table(rows: Sequence[dict]) -> list[str]:
     """Lines for the closing summary: every rank up to ``SHOWN_RANKS``, else the lowest shares."""
     if len(rows) < 2:
         return []
-    median = statistics.median(row["inside_share"] for row in rows)
+    median = median_of(row["inside_share"] for row in rows)
     shown = rows if len(rows) <= SHOWN_RANKS else sorted(rows, key=lambda row: row["inside_share"])[:SHOWN_RANKS // 2]
     title = "per rank" if len(rows) <= SHOWN_RANKS else f"the {len(shown)} ranks waiting least of {len(rows)}"
     lines = [f"hpctorch: time inside collectives, {title} (median {median:.0%}; the lowest is the one the others waited for):"]

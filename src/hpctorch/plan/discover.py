@@ -4,7 +4,6 @@ the MPI allgather or the master-address exchange where needed, and plan."""
 
 from __future__ import annotations
 
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -30,6 +29,8 @@ def _from_host_list(options: Options, env: Mapping[str, str]) -> tuple[Allocatio
     else:
         origin, text = "--hosts", "\n".join(h for h in (options.hosts or "").replace(",", " ").split())
     entries = hostfile.parse(text, origin)
+    import shlex
+
     run_key = options.run_id or shlex.join(options.command)
     names = [host for host, _ in entries]
     # Only the master's name must be resolved; the others only if this host is listed

@@ -15,10 +15,11 @@ one. A node alone of its kind has nothing to be compared with, and is said so.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from ..median import median as median_of
 
 DEFAULT_THRESHOLD = 0.5
 LATENCY_FLOOR_US = 500.0
@@ -153,7 +154,7 @@ def judge(records: Mapping[int, Mapping[str, Any]], nnodes: int, threshold: floa
         for name, figures in groups.items():
             if len(figures) < 2:
                 continue  # alone of its kind: nothing to compare with (``unmeasured`` says so)
-            median = statistics.median(value for value, _ in figures.values())
+            median = median_of(value for value, _ in figures.values())
             among = f" of the {len(figures)} nodes with {name}" if len(groups) > 1 else ""
             for node, (value, words) in sorted(figures.items()):
                 if lower_better:
@@ -205,7 +206,7 @@ def medians(records: Mapping[int, Mapping[str, Any]]) -> str:
     for measure, read, key, _lower, kind in MEASURES:
         groups = by_kind(records, _figures(records, read, into), kind)
         for name, figures in sorted(groups.items()):
-            median = _say(key, statistics.median(value for value, _ in figures.values()))
+            median = _say(key, median_of(value for value, _ in figures.values()))
             said.append(f"{measure} {median}" + (f" ({name})" if len(groups) > 1 else ""))
     return ", ".join(said)
 
@@ -214,7 +215,7 @@ def _infiniband(records: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
     active = {n: r["figures"]["ib_active"] for n, r in records.items() if isinstance(r.get("figures", {}).get("ib_active"), int)}
     if len(active) < 2:
         return []
-    median = statistics.median(active.values())
+    median = median_of(active.values())
     return [Finding(n, _host(records, n), "InfiniBand", f"{count} port(s) active (median node {median:g})", 1 - count / median if median else 0.0)
             for n, count in sorted(active.items()) if count < median]
 
@@ -252,7 +253,7 @@ def ranking(records: Mapping[int, Mapping[str, Any]], findings: list[Finding], n
         for figures in by_kind(records, _figures(records, read, into), kind).values():
             if len(figures) < 2:
                 continue
-            median = statistics.median(value for value, _ in figures.values())
+            median = median_of(value for value, _ in figures.values())
             for node, (value, _words) in figures.items():
                 ratio = (median / value if value else 0.0) if lower_better else (value / median if median else 1.0)
                 worst[node] = min(worst[node], ratio)

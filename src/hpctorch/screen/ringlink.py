@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import select
 import socket
-import statistics
 import struct
 import threading
 import time
 from typing import Any
+
+from ..median import median
 
 BANDWIDTH_S = 1.0
 LATENCY_S = 0.25
@@ -170,4 +171,4 @@ def _latency(host: str, port: int, until: float) -> float | None:
             if not sock.recv(1):
                 break
             rounds.append((time.perf_counter() - begin) * 1e6)
-    return statistics.median(rounds) if rounds else None
+    return median(rounds) if rounds else None

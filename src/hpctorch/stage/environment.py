@@ -11,7 +11,6 @@ reuses a copy an earlier job left.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import stat
@@ -61,6 +60,8 @@ def source(extra: Sequence[str] = (), prefix: str = sys.prefix, base_prefix: str
     # A venv that leaves out its base's site-packages never imports from there: not copied.
     skip: list[str] = []
     if len(roots) > 1 and _isolated_venv(prefix):
+        import glob  # node 0's walk alone
+
         skip = sorted(glob.glob(os.path.join(os.path.realpath(base_prefix), "lib*", "python*", "site-packages")))
     # The interpreter by the name it was started with (a venv's bin/python is a link whose own
     # folder holds pyvenv.cfg), in its folder's real path.
