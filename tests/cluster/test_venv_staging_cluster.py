@@ -4,7 +4,7 @@ The first test stages this test run's own environment (the venv and its base int
 node 0 packs it, the pack flows down a chain (fan-out 1: node1 -> node2 -> node3, so node2
 forwards), every rank imports torch and the stdlib from its own node's copy, and node3's whole
 process tree, counted with strace, makes at most 2% of the file-system calls on the environment's
-paths that it makes without staging (4 ranks per node there). The others stage a small venv built
+paths that it makes without staging. The others stage a small venv built
 for the test (tests/smallenv.py: what they prove does not need gigabytes): a second job on the same
 nodes reuses every copy; a node without room stops the job before any worker starts, or runs from
 the shared path with =try; per task, each node's first rank stages."""
@@ -101,16 +101,16 @@ def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spare
     plain_dir, staged_dir = tmp_path / "plain", tmp_path / "staged"
     for folder in (plain_dir, staged_dir):
         folder.mkdir(mode=0o755)
-    # 4 ranks per node, a 4-GPU node's count: what remains with staging is hpctorch's own start
-    # (~650 calls: Python's and hpctorch's imports before the copy is there), the same per node
-    # whatever the rank count; each rank's torch import (~14,000 calls) is what staging spares.
-    state, output = job(cluster, plain_dir, trace=True, per_node=4)
+    # 3 ranks per node: what remains with staging is hpctorch's own start (~600 calls: Python's and
+    # hpctorch's imports before the copy is there), the same per node whatever the rank count;
+    # each rank's torch import (~15,000 calls) is what staging spares.
+    state, output = job(cluster, plain_dir, trace=True, per_node=3)
     assert state == "COMPLETED", output[-3000:]
     assert {r["torch"].startswith(ROOTS) for r in ranks(output)} == {True}
-    state, output = job(cluster, staged_dir, "--stage-env", "--stage-dir", str(stage_root), trace=True, per_node=4)
+    state, output = job(cluster, staged_dir, "--stage-env", "--stage-dir", str(stage_root), trace=True, per_node=3)
     assert state == "COMPLETED", output[-3000:]
     seen = ranks(output)
-    assert sorted(int(r["rank"]) for r in seen) == list(range(12)) and {r["sum"] for r in seen} == {"12"}, output[-3000:]
+    assert sorted(int(r["rank"]) for r in seen) == list(range(9)) and {r["sum"] for r in seen} == {"9"}, output[-3000:]
     for r in seen:
         for field in ("torch", "prefix", "base", "json"):  # the venv's and its base's (the stdlib) alike
             assert r[field].startswith(str(copies(stage_root, r["host"])) + "/"), (field, r)
@@ -121,7 +121,7 @@ def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spare
     without, with_staging = environment_calls(plain_dir / "trace"), environment_calls(staged_dir / "trace")
     print(f"node3's file-system calls on {', '.join(ROOTS)}: {without} without staging, {with_staging} with "
           f"({100 * with_staging / without:.2f}%)")
-    assert without > 40_000, without  # four ranks importing torch
+    assert without > 30_000, without  # three ranks importing torch
     assert with_staging <= 0.02 * without, (with_staging, without)
 
 
@@ -183,7 +183,7 @@ def test_per_task_each_nodes_first_rank_stages_and_its_other_ranks_use_the_copy(
     state, output = cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=2", timeout=600)
     assert state == "COMPLETED", output[-3000:]
     seen = ranks(output)
-    assert sorted(int(r["rank"]) for r in seen) == list(range(6)) and {r["sum"] for r in seen} == {"6"}, output[-3000:]
+    assert sorted(int(r["rank"]) for r in seen) == list(range(9)) and {r["sum"] for r in seen} == {"9"}, output[-3000:]
     for r in seen:
         assert r["prefix"].startswith(str(copies(stage_root, r["host"])) + "/"), r
     assert output.count("hpctorch: the workers run from a copy of") == 1, output[-3000:]
