@@ -31,7 +31,7 @@ class Failure:
 def wrote(folder: Path, local: int, pid: int, progress: bool) -> None:
     """A rank's straggler-watch file, as straggler_worker writes it."""
     (folder / f"{local}.json").write_text(json.dumps({"t": 1.0, "inside_s": 0.0, "count": int(progress), "rank": local, "pid": pid,
-                                                      "progress": progress}))
+                                                      "first": 0.5 if progress else None}))
 
 
 def test_attempts_without_a_training_step_in_a_row_stop_at_the_limit(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ def test_attempts_before_the_first_collective_are_start_and_none_at_all_says_not
 
 def test_the_first_collective_is_the_earliest_of_the_attempts_processes(tmp_path: Path) -> None:
     for local, (pid, first) in enumerate([(11, 5.0), (12, 4.0), (13, None)]):
-        (tmp_path / f"{local}.json").write_text(json.dumps({"pid": pid, "first": first, "progress": first is not None}))
+        (tmp_path / f"{local}.json").write_text(json.dumps({"pid": pid, "first": first}))
     (tmp_path / "notes.txt").write_text("not a rank's")
     assert first_collective(str(tmp_path)) == 4.0
     assert first_collective(str(tmp_path), {11, 13}) == 5.0  # another attempt's rank (12) is not this one's

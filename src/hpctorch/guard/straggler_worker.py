@@ -24,9 +24,9 @@ collectives is the signal (``guard.stragglers`` judges it). Measured where torch
 
 Every ``PUBLISH_S`` a thread writes this rank's running totals (``t``: monotonic now, ``inside_s``,
 ``count``, its global ``rank``: torch's rendezvous may number the nodes, its ``pid``: the node
-reads its cgroup's CPU throttling, ``progress``: a collective completed, written at once at the
-first, from which torch's agent learns that an attempt trained, ``start.attempts``, and ``first``:
-when, for the goodput) to
+reads its cgroup's CPU throttling, and ``first``: when its first collective completed, written at
+once then, from which torch's agent learns that an attempt trained, ``start.attempts``, and the
+goodput when training began, ``guard.goodput``) to
 ``<HPCTORCH_STRAGGLERS_DIR>/<local rank>.json``, a private folder of the node's, which the node's
 watchdog reads: no store traffic from a worker.
 """
@@ -63,10 +63,9 @@ class Meter:
         self._device_s = 0.0
         self.count = 0
         self.inside_s = 0.0
-        self.progressed = threading.Event()
-        """Set once a collective completed (not one that raised): this attempt reached training."""
         self.first: float | None = None
-        """When (monotonic: one clock for the node's processes) the first collective completed."""
+        """When (monotonic: one clock for the node's processes) the first collective completed (not
+        one that raised): this attempt reached training."""
         self.on_progress: Callable[[], object] | None = None
         """Called then, in the thread that saw it complete (the rank's file is written at once)."""
         self._cut = time.monotonic()
@@ -84,9 +83,8 @@ class Meter:
             self.count += 1
             if token is not None:
                 self._open.pop(token, None)
-        if completed and not self.progressed.is_set():
+        if completed and self.first is None:
             self.first = end
-            self.progressed.set()
             if self.on_progress is not None:
                 self.on_progress()
 
@@ -94,9 +92,8 @@ class Meter:
         with self._lock:
             self._device_s += max(0.0, seconds)
             self.count += count
-        if count and not self.progressed.is_set():
+        if count and self.first is None:
             self.first = time.monotonic()
-            self.progressed.set()
 
     def totals(self, now: float) -> dict[str, float]:
         """Running totals up to ``now``: the finished intervals since the last call, clipped to
@@ -110,7 +107,7 @@ class Meter:
             intervals += [(start, now) for start in self._open.values()]
         self.inside_s += device + merged_length(intervals, cut)
         return {"t": now, "inside_s": self.inside_s, "count": count, "rank": int(os.environ.get("RANK", "0") or 0), "pid": os.getpid(),
-                "progress": self.progressed.is_set(), "first": self.first}
+                "first": self.first}
 
 
 def merged_length(intervals: list[tuple[float, float]], since: float) -> float:

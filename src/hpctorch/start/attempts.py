@@ -13,8 +13,6 @@ and torch's own count of restarts alone applies.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Mapping
 
@@ -77,33 +75,16 @@ class Attempts:
             setattr(context, ENDED, True)
         except AttributeError:
             return  # not a context this module can tell apart from the next: uncounted
-        pids = _pids(context)
-        self.history.append(Attempt(time.monotonic(), first_collective(self.directory, pids)))
+        # The files of this attempt's processes alone (any file where the context cannot name them:
+        # then an earlier attempt's progress counts, and a storm is never made up).
+        attempt = Attempt(time.monotonic(), first_collective(self.directory, _pids(context)))
+        self.history.append(attempt)
         if not self.limit:
             return
-        self.without_progress = 0 if self._progressed(pids) else self.without_progress + 1
+        self.without_progress = 0 if attempt.first is not None else self.without_progress + 1
         if self.without_progress >= self.limit:
             self.stopped = True
             raise NoProgress(self.without_progress, _failure(context))
-
-    def _progressed(self, pids: set[int] | None) -> bool:
-        """Whether a file of one of the attempt's processes (``pids``; any file when unknown:
-        then an earlier attempt's progress counts, never a storm made up) says a collective completed."""
-        try:
-            names = os.listdir(self.directory)  # type: ignore[arg-type]
-        except OSError:
-            return False
-        for name in names:
-            if not (name.endswith(".json") and name.removesuffix(".json").isdigit()):
-                continue
-            try:
-                with open(os.path.join(self.directory, name), encoding="utf-8") as source:  # type: ignore[arg-type]
-                    data = json.load(source)
-            except (OSError, ValueError):
-                continue  # being replaced: its writer is gone or will write it again
-            if isinstance(data, dict) and data.get("progress") and (pids is None or data.get("pid") in pids):
-                return True
-        return False
 
 
 def _pids(context: object) -> set[int] | None:
