@@ -3,6 +3,7 @@ command line does: a renamed or dropped option in the code shows up here, not in
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -33,13 +34,41 @@ def command_lines() -> list[str]:
 
 def test_the_readme_shows_commands() -> None:
     assert len(command_lines()) >= 15
-    assert {line.split()[0] for line in command_lines()} >= {"run", "plan", "submit", "stacks", "hostlist", "badnodes", "stage", "timeline"}
+    assert {line.split()[0] for line in command_lines()} >= {"run", "plan", "submit", "stacks", "hostlist", "badnodes", "stage", "timeline",
+                                                             "--version"}
 
 
 @pytest.mark.parametrize("line", command_lines())
 def test_each_command_parses(line: str) -> None:
     argv = shlex.split(line)
+    if argv in (["--version"], ["-V"]):  # answered before the parser
+        from hpctorch.cli.main import main
+
+        assert main(argv) == 0
+        return
     top = parser(argv[0])
     args, extras = top.parse_known_args(stage_paths(top, argv))
     assert not extras, (line, extras)
     assert args.command == argv[0]
+
+
+def test_every_option_is_in_the_readme() -> None:
+    """Each option of every command, by one of its names as a word of its own (torchrun's
+    underscore spellings count by their dashed form)."""
+    import argparse
+
+    readme = (ROOT / "README.md").read_text()
+    missing = []
+
+    def walk(command: argparse.ArgumentParser, path: str) -> None:
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}".strip())
+            elif action.option_strings and action.help != argparse.SUPPRESS and "--help" not in action.option_strings:
+                names = [n.replace("_", "-") for n in action.option_strings]
+                if not any(re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", readme) for n in names):
+                    missing.append(f"{path}: {action.option_strings[0]}")
+
+    walk(parser(), "")
+    assert not missing, missing
