@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 JUNIT_DIR ?=
 
-.PHONY: demo test bench setup system-deps clean golden
+.PHONY: demo test bench setup system-deps clean golden docs
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,12 +37,17 @@ $(VENV)/.installed-frameworks: $(VENV)/.installed
 test: system-deps setup $(VENV)/.installed-mpi $(VENV)/.installed-frameworks
 	PY=$(PY) JUNIT_DIR=$(JUNIT_DIR) scripts/run-tests $(PYTEST_ARGS)
 
+# The documentation site (mkdocs-material) in site/: the README is its home page, docs/ the rest.
+docs: setup
+	$(PY) -m pip install -q mkdocs-material
+	PY=$(PY) scripts/build-docs
+
 # Rewrite the job-script golden files from the templates (then read the diff); tests never write them.
 golden: setup
 	$(PY) -m tests.fixtures.submit_cases
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis src/*.egg-info site build/docs
 
 # make bench: every benchmark (about 15 minutes here, root for the 2-node cluster parts), then RESULTS.md.
 BENCHES := first_collective plan_latency plan_scale bootstrap port_collisions teardown control_plane_scale store_wait straggler_overhead stage_spread

@@ -1,4 +1,4 @@
-"""The layout's promises (README "Layout"): launcher knowledge stays in its module, and
+"""The layout's promises (ARCHITECTURE.md): launcher knowledge stays in its module, and
 modules stay small enough to read."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ the value under that secret (``Seal``; ``SealedStore`` seals and checks transpar
 
 Counters (``add``: beats, arrivals) and appended lists are not sealed: a stranger can make them
 lie about liveness or stall a run, not make a node run anything. torch's own rendezvous keys
-are torch's protocol, outside this (the threat model in the README).
+are torch's protocol, outside this (the threat model: docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class Seal:
 
 
 _FIX = ("if another user shares these nodes, ask them to stop; hpctorch starts no worker on records it cannot "
-        "authenticate (see 'Only your own job' in the README)")
+        "authenticate (see 'Only your own job' in docs/threat-model.md)")
 
 
 class SealedStore:

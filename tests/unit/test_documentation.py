@@ -1,8 +1,11 @@
-"""Every hpctorch command line the README shows (its indented examples) parses as hpctorch's own
-command line does: a renamed or dropped option in the code shows up here, not in a user's hands."""
+"""The README and the documentation (docs/, the site `make docs` builds): every hpctorch command
+line they show (their indented examples) parses as hpctorch's own command line does, and every
+option of every command is in them: a renamed, dropped or new option shows up here, not in a
+user's hands."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 
@@ -17,10 +20,15 @@ LAUNCHERS = {"hpctorch", "srun", "mpirun", "mpiexec", "jsrun", "flux"}
 """What an example line starts with when it runs hpctorch (the rest are outputs and code)."""
 
 
+def documentation() -> str:
+    """The README and every page of docs/."""
+    return "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
+
+
 def command_lines() -> list[str]:
-    """The README's indented example lines that run hpctorch (continuations joined, comments and
-    prompts dropped); lines with a placeholder (``...``) are left out."""
-    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    """The documentation's indented example lines that run hpctorch (continuations joined,
+    comments and prompts dropped); lines with a placeholder (``...``) are left out."""
+    text = documentation().replace("\\\n", " ")
     found = []
     for line in text.splitlines():
         command = line.split(" #", 1)[0].strip().removeprefix("$ ")
@@ -32,8 +40,8 @@ def command_lines() -> list[str]:
     return found
 
 
-def test_the_readme_shows_commands() -> None:
-    assert len(command_lines()) >= 15
+def test_the_documentation_shows_commands() -> None:
+    assert len(command_lines()) >= 20
     assert {line.split()[0] for line in command_lines()} >= {"run", "plan", "submit", "stacks", "hostlist", "badnodes", "stage", "timeline",
                                                              "--version"}
 
@@ -52,12 +60,11 @@ def test_each_command_parses(line: str) -> None:
     assert args.command == argv[0]
 
 
-def test_every_option_is_in_the_readme() -> None:
+def test_every_option_is_documented() -> None:
     """Each option of every command, by one of its names as a word of its own (torchrun's
     underscore spellings count by their dashed form)."""
-    import argparse
 
-    readme = (ROOT / "README.md").read_text()
+    readme = documentation()
     missing = []
 
     def walk(command: argparse.ArgumentParser, path: str) -> None:
@@ -72,3 +79,30 @@ def test_every_option_is_in_the_readme() -> None:
 
     walk(parser(), "")
     assert not missing, missing
+
+
+def options_of(command: argparse.ArgumentParser) -> set[str]:
+    """Every option string of ``command`` and of its own subcommands (badnodes add's)."""
+    found = set()
+    for action in command._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= options_of(sub)
+    return found
+
+
+def test_every_option_a_command_in_the_text_names_exists() -> None:
+    """The commands quoted in the text (`hpctorch run --stage-env`, mostly partial): each option
+    they name is one their command has."""
+    wrong = []
+    for span in re.findall(r"`([^`\n]+)`", documentation()):
+        words = span.replace("=", " ").split()
+        if "hpctorch" not in words or words[0] not in LAUNCHERS or words.index("hpctorch") + 1 >= len(words):
+            continue
+        command = words[words.index("hpctorch") + 1]
+        if command.startswith("-"):
+            continue
+        known = options_of(parser(command)._subparsers._group_actions[0].choices[command])  # type: ignore[union-attr]
+        wrong += [f"{span}: {word}" for word in words[words.index("hpctorch") + 2:] if word.startswith("--") and word not in known]
+    assert not wrong, wrong
