@@ -65,8 +65,13 @@ def _bar(start: float, end: float, y: int, scale: float, kind: str, title: str) 
 
 
 def _ticks(wall: float) -> list[float]:
-    step = next(s for s in (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400, float("inf")) if wall / s <= 10)
-    return [n * step for n in range(int(wall // step) + 1)] if step != float("inf") else [0.0]
+    """At most about ten round times along the axis."""
+    for step in (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0):
+        if wall / step <= 10:
+            break
+    else:
+        step = wall / 10
+    return [n * step for n in range(int(wall // step) + 1)]
 
 
 def _title(summary: Mapping[str, object]) -> str:
