@@ -24,8 +24,8 @@ class Context:
 class Failure:
     """torch's ProcessFailure, as far as the line reads it."""
 
-    def __init__(self, exitcode: int) -> None:
-        self.exitcode = exitcode
+    def __init__(self, local_rank: int, exitcode: int) -> None:
+        self.local_rank, self.exitcode = local_rank, exitcode
 
 
 def wrote(folder: Path, local: int, pid: int, progress: bool) -> None:
@@ -50,7 +50,7 @@ def test_attempts_without_a_training_step_in_a_row_stop_at_the_limit(tmp_path: P
     attempts.ended(Context(301, 302))
     attempts.ended(Context(401, 402))
     fifth = Context(501, 502)
-    fifth._failures = {1: Failure(-9), 0: Failure(3)}  # torch's, local rank -> ProcessFailure
+    fifth._failures = {1: Failure(1, -9), 0: Failure(0, 3)}  # torch's, local rank -> ProcessFailure
     with pytest.raises(NoProgress) as raised:
         attempts.ended(fifth)
     assert raised.value.attempts == 3

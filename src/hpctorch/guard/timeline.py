@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from html import escape
 
+from .goodput import line as goodput_line
+
 WIDTH, LABEL, ROW, TOP = 960, 150, 26, 20
 COLOURS = {"start": "#9aa5b1", "waiting": "#d9dee3", "training": "#2e9e5b", "lost": "#e8833a", "failure": "#c62828"}
 
@@ -80,9 +82,7 @@ def _title(summary: Mapping[str, object]) -> str:
 
 
 def _said(summary: Mapping[str, object], goodput: Mapping | None) -> str:
-    from .goodput import line
-
-    lines = [line(dict(goodput)).removeprefix("hpctorch: ")] if goodput else ["no collective completed: nothing trained"]
+    lines = [goodput_line(dict(goodput)).removeprefix("hpctorch: ")] if goodput else ["no collective completed: nothing trained"]
     if summary.get("failure"):
         lines.append(f"failed: {summary['failure']}")
     return "".join(f"<p>{escape(text)}</p>" for text in lines)

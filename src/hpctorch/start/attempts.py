@@ -98,18 +98,9 @@ def _pids(context: object) -> set[int] | None:
 def _failure(context: object) -> str | None:
     """The first failed local rank of the context (its ``_failures``: local rank -> torch's
     ProcessFailure, torch 2.1 to 2.13), in words."""
+    from .spares import describe
+
     failures = getattr(context, "_failures", None)
     if not isinstance(failures, dict) or not failures:
         return None
-    local = min(failures)
-    code = getattr(failures[local], "exitcode", None)
-    if not isinstance(code, int):
-        return f"local rank {local} failed"
-    if code < 0:
-        import signal
-
-        try:
-            return f"local rank {local} was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"local rank {local} was killed by signal {-code}"
-    return f"local rank {local} exited with code {code}"
+    return describe(failures[min(failures)]).removeprefix("its ")
