@@ -65,21 +65,21 @@ def stage_command(args: argparse.Namespace) -> int:
     where = folders.private_dir(os.path.join(folders.stage_dir(root), "copies"))
     memory = " (in memory: a tmpfs, counted against this node's RAM)" if inventory.in_memory(where) else ""
     if args.action == "clean":
-        gone = inventory.clean(where)
-        kept = inventory.copies(where)
-        print(f"removed {len(gone)} cop{'y' if len(gone) == 1 else 'ies'} ({amount(sum(c.size for c in gone))}) from {where}{memory}; "
+        gone, freed, kept = inventory.clean(where)
+        print(f"removed {len(gone)} cop{'y' if len(gone) == 1 else 'ies'} ({amount(freed)}) from {where}{memory}; "
               f"kept {len(kept)} a running process uses", file=sys.stderr)
         return 0
     found = inventory.copies(where)
+    sizes = [copy.size() for copy in found]
     if found:
         print("key	size	last used	in use by	copies of")
-    for copy in found:
+    for copy, size in zip(found, sizes):
         users = ", ".join(f"pid {pid}" for pid in copy.users) or "-"
         what = "(being made)" if copy.partial and copy.users else "(half made, its job gone)" if copy.partial else ", ".join(copy.roots) or "-"
-        print(f"{copy.key[:16]}\t{amount(copy.size)}\t{time.strftime('%Y-%m-%d %H:%M', time.localtime(copy.used))}\t{users}\t{what}")
+        print(f"{copy.key[:16]}\t{amount(size)}\t{time.strftime('%Y-%m-%d %H:%M', time.localtime(copy.used))}\t{users}\t{what}")
     sys.stdout.flush()  # the table, then the count: never on one line of a terminal
     idle = [c for c in found if not c.users]
-    print(f"{len(found)} cop{'y' if len(found) == 1 else 'ies'}, {amount(sum(c.size for c in found))}, in {where}{memory}; "
+    print(f"{len(found)} cop{'y' if len(found) == 1 else 'ies'}, {amount(sum(sizes))}, in {where}{memory}; "
           f"{len(found) - len(idle)} in use; hpctorch stage clean removes the {len(idle)} no process runs from", file=sys.stderr)
     return 0
 

@@ -36,14 +36,41 @@ class Copy:
 
     key: str
     path: str
-    size: int
-    """Bytes on disk (or in memory on a tmpfs)."""
     used: float
     """When a job last started from it (its mark's time); when it was begun, for a half copy."""
     roots: dict[str, str] = field(default_factory=dict)
     users: tuple[int, ...] = ()
     """Live processes that run from it (or, for a half copy, the one making it)."""
     partial: bool = False
+
+    def size(self) -> int:
+        """Bytes allocated under it (hard links once, links not followed): a walk of every file,
+        for what is shown, never for staging's own rule."""
+        total, seen = 0, set()
+        for folder, dirs, files in os.walk(self.path):
+            for name in (*dirs, *files):
+                try:
+                    facts = os.lstat(os.path.join(folder, name))
+                except OSError:
+                    continue
+                if facts.st_nlink > 1 and not stat.S_ISDIR(facts.st_mode):
+                    if (facts.st_dev, facts.st_ino) in seen:
+                        continue
+                    seen.add((facts.st_dev, facts.st_ino))
+                total += facts.st_blocks * 512
+        return total
+
+
+def half_copy(copies_dir: str, key: str, pid: int) -> str:
+    """Where process ``pid`` makes the copy of ``key`` (renamed to ``key`` once whole)."""
+    return os.path.join(copies_dir, f".{key}.{pid}.tmp")
+
+
+def remove_half_copies_of(copies_dir: str, pid: int) -> None:
+    """The copies ``pid`` was making, removed (it is being stopped)."""
+    for name in os.listdir(copies_dir):
+        if name.startswith(".") and name.endswith(f".{pid}.tmp"):
+            shutil.rmtree(os.path.join(copies_dir, name), ignore_errors=True)
 
 
 def hold(copies_dir: str, key: str) -> None:
@@ -66,17 +93,17 @@ def copies(copies_dir: str) -> list[Copy]:
     for entry in entries:
         if not entry.is_dir(follow_symlinks=False) or entry.name == USERS:
             continue
-        if entry.name.startswith(".") and entry.name.endswith(".tmp"):  # .<key>.<pid>.tmp: being made
+        if entry.name.startswith(".") and entry.name.endswith(".tmp"):  # half_copy's name: being made
             key, _, pid = entry.name[1:-len(".tmp")].rpartition(".")
             maker = (int(pid),) if pid.isdigit() and _alive(int(pid)) else ()
-            found.append(Copy(key, entry.path, _size(entry.path), _mtime(entry.path), users=maker, partial=True))
+            found.append(Copy(key, entry.path, _mtime(entry.path), users=maker, partial=True))
             continue
         try:
             with open(os.path.join(entry.path, MARK), encoding="utf-8") as handle:
                 roots = dict(json.load(handle).get("roots") or {})
         except (OSError, ValueError, AttributeError):
             roots = {}
-        found.append(Copy(entry.name, entry.path, _size(entry.path), _mtime(os.path.join(entry.path, MARK)) or _mtime(entry.path),
+        found.append(Copy(entry.name, entry.path, _mtime(os.path.join(entry.path, MARK)) or _mtime(entry.path),
                           roots, tuple(sorted(users.get(entry.name, ())))))
     return sorted(found, key=lambda c: c.used, reverse=True)
 
@@ -94,12 +121,15 @@ def prune(copies_dir: str, keep: int = KEEP_COPIES, max_age_s: float = KEEP_S, n
     return gone
 
 
-def clean(copies_dir: str) -> list[Copy]:
-    """``hpctorch stage clean``: every copy no live process uses, half copies of processes gone."""
-    gone = [c for c in copies(copies_dir) if not c.users]
+def clean(copies_dir: str) -> tuple[list[Copy], int, list[Copy]]:
+    """``hpctorch stage clean``: every copy no live process uses, half copies of processes gone.
+    What was removed, the bytes it held, and what was kept."""
+    present = copies(copies_dir)
+    gone = [c for c in present if not c.users]
+    freed = sum(c.size() for c in gone)
     for copy in gone:
         shutil.rmtree(copy.path, ignore_errors=True)
-    return gone
+    return gone, freed, [c for c in present if c.users]
 
 
 def in_memory(copies_dir: str) -> bool:
@@ -143,20 +173,3 @@ def _mtime(path: str) -> float:
         return os.stat(path, follow_symlinks=False).st_mtime
     except OSError:
         return 0.0
-
-
-def _size(path: str) -> int:
-    """Bytes allocated under ``path`` (hard links once), without following links."""
-    total, seen = 0, set()
-    for folder, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            try:
-                facts = os.lstat(os.path.join(folder, name))
-            except OSError:
-                continue
-            if facts.st_nlink > 1 and not stat.S_ISDIR(facts.st_mode):
-                if (facts.st_dev, facts.st_ino) in seen:
-                    continue
-                seen.add((facts.st_dev, facts.st_ino))
-            total += facts.st_blocks * 512
-    return total

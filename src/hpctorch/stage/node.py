@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -169,9 +168,7 @@ def _half_copy_removed_if_stopped(copies_dir: str) -> Iterator[None]:
         return
 
     def stopped(number: int, _frame: object) -> None:
-        for name in os.listdir(copies_dir):
-            if name.startswith(".") and name.endswith(f".{os.getpid()}.tmp"):
-                shutil.rmtree(os.path.join(copies_dir, name), ignore_errors=True)
+        inventory.remove_half_copies_of(copies_dir, os.getpid())
         signal.signal(number, before[number])
         signal.raise_signal(number)
 

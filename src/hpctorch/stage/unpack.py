@@ -91,7 +91,7 @@ def receive(chunks: Iterable[bytes], base: str, key: str, roots: Iterable[str], 
     if free < size + SPARE_BYTES:
         raise UnpackError(f"no space for the environment in {base}: it needs {amount(size)}, {amount(free)} free")
     inventory.prune(base)  # copies no process uses beyond the few used last, half copies of jobs gone
-    temporary = os.path.join(base, f".{key}.{os.getpid()}.tmp")
+    temporary = inventory.half_copy(base, key, os.getpid())
     shutil.rmtree(temporary, ignore_errors=True)
     private_dir(temporary)
     try:
