@@ -67,8 +67,12 @@ def half_copy(copies_dir: str, key: str, pid: int) -> str:
 
 
 def remove_half_copies_of(copies_dir: str, pid: int) -> None:
-    """The copies ``pid`` was making, removed (it is being stopped)."""
-    for name in os.listdir(copies_dir):
+    """The copies ``pid`` was making, removed (it is being stopped: never an error of its own)."""
+    try:
+        names = os.listdir(copies_dir)
+    except OSError:
+        return
+    for name in names:
         if name.startswith(".") and name.endswith(f".{pid}.tmp"):
             shutil.rmtree(os.path.join(copies_dir, name), ignore_errors=True)
 
