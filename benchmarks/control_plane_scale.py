@@ -393,9 +393,9 @@ def spares_cells(rows: list[dict]) -> list[list[object]]:
 
 
 STRAGGLE_RANKS = 8
-STRAGGLE_ROUNDS = 3
-"""Rounds of the watch per simulated node: the third is the first with a window of shares (10 s
-apart, a 30 s window needs 15 s of samples)."""
+STRAGGLE_ROUNDS = 4
+"""Rounds of the watch per simulated node: the fourth is the first with a window of shares (10 s
+apart, a 30 s window needs 27 s of samples)."""
 
 
 def _straggle_files(folder: str, node: int, round_: int) -> None:
@@ -459,7 +459,7 @@ def straggle_scale(nnodes: int) -> dict[str, float]:
             _straggle_files(folder, 0, STRAGGLE_ROUNDS - 1)
             before = served.requests
             started = time.perf_counter()
-            found = watch.step(served, (STRAGGLE_ROUNDS - 1) * 10.0)
+            watch.step(served, (STRAGGLE_ROUNDS - 1) * 10.0)
             step_s = time.perf_counter() - started
             node0_requests = served.requests - before
             record_bytes = len(served.store.get(watch.key(1)))
@@ -467,7 +467,7 @@ def straggle_scale(nnodes: int) -> dict[str, float]:
 
             records = watch._read_all(served)  # again, to time the parse and judgement alone (the step's includes the store's answer)
             started = time.perf_counter()
-            judge({n: {int(k): v for k, v in r.get("w", {}).items()} for n, r in records.items()}, watch.plan, 0.2)
+            found = judge({n: {int(k): v for k, v in r.get("w", {}).items()} for n, r in records.items()}, watch.plan, 0.2)
             judge_s = time.perf_counter() - started
             results = _reports(children, 300)
     per_node = [count for r in results for count in r["requests"].values()]

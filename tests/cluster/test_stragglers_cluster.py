@@ -62,7 +62,7 @@ def straggler_lines(output: str) -> list[str]:
 
 
 def test_the_throttled_node_is_named_and_listed(cluster: Cluster, job_dir: Path, throttled_training: str) -> None:
-    """Named once half a window of figures is in, listed once named for two windows on end:
+    """Named once a window of figures is in and a second judgement agrees, listed once named for two windows on end:
     30 s of training with a 5 s window."""
     state, output, summary = trained(cluster, job_dir, 30, env=WINDOW)
     assert state == "COMPLETED", output[-3000:]

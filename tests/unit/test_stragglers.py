@@ -170,6 +170,26 @@ def test_the_watch_repeats_a_line_at_most_every_five_minutes(tmp_path) -> None: 
     assert len(said) == 2
 
 
+def test_a_rank_slow_in_one_judgement_only_is_not_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A rank still warming up (its first steps, a late start on a loaded machine: seen in CI)
+    makes the others wait for one window: no straggler, and a half window, where a warm-up counts
+    double, is not judged. Slow in two judgements on end, it is, and its verdict counts both."""
+    said: list[str] = []
+    watch = stragglers.Watch(plan(1, 3), Settings(0.2, 10), str(tmp_path), say=said.append)
+    inside = [0.0, 0.0, 0.0]
+    for t in range(0, 41, 5):
+        slow = t in (5, 25, 30)  # a spike in one judgement, then two on end
+        for local in range(3):
+            inside[local] += 5 * (0.02 if slow and local == 2 else 0.5) if t else 0
+            write(tmp_path, local, t, inside[local], t * 10)
+        named = watch.step(None, float(t))
+        assert bool(named) == (t in (30, 35)), (t, named)  # the window (20, 30] holds both, (25, 35] one
+        if t == 15:
+            assert said == [] and watch.verdicts == {}  # (0, 10] held the spike; a half window was never judged
+    assert len(said) == 1 and said[0].startswith("hpctorch: straggler: rank 2 (cx0) computes")
+    assert (watch.verdicts["rank 2"]["first_s"], watch.verdicts["rank 2"]["judgements"]) == (25.0, 3)
+
+
 DDP_SCRIPT = textwrap.dedent("""
     import os, sys
     from hpctorch.guard import straggler_worker as w

@@ -10,7 +10,8 @@ reads all records in one ``multi_get`` and judges (``straggler_judge``, pure): a
 the one they wait for; so is a node whose CPU quota held its ranks back in half of the
 scheduler's periods (its workers' cgroup ``cpu.stat``) while the others wait: frozen inside a
 collective it slows everyone alike, and no time share shows it. Node 0 prints one line per
-straggler, again at most every ``REPEAT_S`` while it lasts, and adds a node of a several-node
+straggler found in ``CONFIRM_JUDGEMENTS`` judgements on end (not a rank
+still warming up), again at most every ``REPEAT_S`` while it lasts, and adds a node of a several-node
 job that straggled for two windows on end to the user's bad-node list only on evidence about the
 node itself (its CPU quota held it back): a rank that computes more for its role (a pipeline's
 last stage, a rank 0 that also evaluates) or a node slowed for a while by its neighbours looks
@@ -38,6 +39,12 @@ DEFAULT_THRESHOLD = 0.2
 DEFAULT_WINDOW_S = 30.0
 PUBLISH_S = 10.0
 REPEAT_S = 300.0
+FULL_WINDOW = 0.9
+"""The share of a window a rank must have been measured for to be judged (its files' times are
+irregular: a window is rarely exactly full)."""
+CONFIRM_JUDGEMENTS = 2
+"""A rank is named once found in this many judgements on end: one window can catch a rank still
+warming up (its first steps, a late start on a loaded node), and that is no straggler."""
 LIST_AFTER_WINDOWS = 2
 """A node goes on the bad-node list once named in every judgement for this many windows: rank 0's
 evaluation or checkpoint makes everyone wait for a while, and is no fault of its node."""
@@ -149,11 +156,12 @@ class NodeWindow:
         return round(max(shares), 3) if shares else None
 
     def shares(self) -> dict[int, list[float]]:
-        """Per rank: [share inside collectives, collectives], over about the last window."""
+        """Per rank: [share inside collectives, collectives], over about the last window; none
+        for a rank measured for less (a short first window makes its warm-up count double)."""
         out = {}
         for local, seen in self.history.items():
             (t0, in0, n0), (t1, in1, n1) = seen[0], seen[-1]
-            if t1 - t0 >= self.window_s / 2:
+            if t1 - t0 >= FULL_WINDOW * self.window_s:
                 out[self.rank[local]] = [round(min(1.0, (in1 - in0) / (t1 - t0)), 4), n1 - n0]
         return out
 
@@ -179,10 +187,13 @@ class Watch:
         self.prefix = f"hpctorch/{plan.run_id}/straggle/"
         self.host = node_name(plan, plan.node_rank) if plan.nodes else _hostname()
         self.said: dict[str, float] = {}
-        self.since: dict[str, float] = {}
+        self.spell: dict[str, tuple[float, int]] = {}
+        """Per node named in the last judgement: when its spell began (named without a break, for
+        its rank's share or its quota alike), and in how many judgements."""
         self.held_back: dict[str, float] = {}
         """Per node in its present spell: the most its CPU quota held it back (the evidence to list it)."""
-        """When each node named in the last judgement was first named without a break."""
+        self.pending: dict[str, tuple[str, dict[str, object]]] = {}
+        """Per straggler of a spell not yet ``CONFIRM_JUDGEMENTS`` long: its node and its verdict so far."""
         self.listed: set[str] = set()
         self.started: float | None = None
         """The first judgement's clock: verdicts say their times from it."""
@@ -220,23 +231,32 @@ class Watch:
                       {n: float(r["thr"]) for n, r in records.items() if r.get("thr") is not None},
                       {n: str(r["h"]) for n, r in records.items() if r.get("h")})
         # Per node, whatever its lines say (its rank's share, its quota, or both, may come and go).
-        self.since = {s.node: self.since.get(s.node, now) for s in found}
-        held = {n: q for n, q in self.held_back.items() if n in self.since}
+        spells = {s.node: self.spell.get(s.node, (now, 0)) for s in found}
+        self.spell = {node: (began, count + 1) for node, (began, count) in spells.items()}
+        self.held_back = held = {n: q for n, q in self.held_back.items() if n in self.spell}
+        self.pending = {key: kept for key, kept in self.pending.items() if kept[0] in self.spell}
+        confirmed = []
         for straggler in found:
             if straggler.throttled is not None:
                 held[straggler.node] = max(held.get(straggler.node, 0.0), straggler.throttled)
-        self.held_back = held
-        for straggler in found:
-            kept = self.verdicts.get(straggler.key) or {"first_s": round(now - started, 1), "judgements": 0}
-            self.verdicts[straggler.key] = {**self._evidence(straggler), "line": straggler.line().removeprefix("hpctorch: "),
-                                            "first_s": kept["first_s"], "last_s": round(now - started, 1),
-                                            "judgements": int(kept["judgements"]) + 1}  # type: ignore[call-overload]
+            began, count = self.spell[straggler.node]
+            kept = ((self.pending.get(straggler.key) or ("", {}))[1] or self.verdicts.get(straggler.key)
+                    or {"first_s": round(now - started, 1), "judgements": 0})
+            verdict = {**self._evidence(straggler), "line": straggler.line().removeprefix("hpctorch: "),
+                       "first_s": kept["first_s"], "last_s": round(now - started, 1),
+                       "judgements": int(kept["judgements"]) + 1}  # type: ignore[call-overload]
+            if count < CONFIRM_JUDGEMENTS:
+                self.pending[straggler.key] = (straggler.node, verdict)
+                continue
+            self.pending.pop(straggler.key, None)
+            self.verdicts[straggler.key] = verdict
+            confirmed.append(straggler)
             if now - self.said.get(straggler.key, -REPEAT_S) >= REPEAT_S:
                 self.said[straggler.key] = now
                 self.say(straggler.line())
-            if now - self.since[straggler.node] >= LIST_AFTER_WINDOWS * self.settings.window_s:
+            if now - began >= LIST_AFTER_WINDOWS * self.settings.window_s:
                 self._list(straggler)
-        return found
+        return confirmed
 
     def _read_all(self, store) -> dict[int, dict]:  # type: ignore[no-untyped-def]
         keys = [self.key(n) for n in range(self.plan.nnodes)]
