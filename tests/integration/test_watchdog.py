@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hpctorch.guard import watchdog
+from hpctorch.guard import authority, watchdog
 from hpctorch.host.network import free_port
 from hpctorch.plan.types import Plan
 
@@ -21,10 +21,17 @@ def plan(node: int, nnodes: int, port: int) -> Plan:
                 run_id="wd", iface="lo", simulated=False, max_restarts=0, workers=(), common_env={})
 
 
-def start(nnodes: int) -> tuple[object, list[watchdog.JobWatchdog], dict[int, str]]:
-    port = free_port()
+def serve(port: int):  # type: ignore[no-untyped-def]
+    """Node 0's store, with the record by which every watchdog authenticates it (``authority``)."""
     server = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
                                         wait_for_workers=False, multi_tenant=True)
+    authority.publish(server, plan(0, 1, port))
+    return server
+
+
+def start(nnodes: int) -> tuple[object, list[watchdog.JobWatchdog], dict[int, str]]:
+    port = free_port()
+    server = serve(port)
     acted: dict[int, str] = {}
     dogs = [watchdog.JobWatchdog(plan(n, nnodes, port), 30, on_abort=lambda reason, n=n: acted.setdefault(n, reason)).start()
             for n in range(nnodes)]
@@ -78,8 +85,7 @@ def test_a_node_that_left_for_a_hot_spare_is_not_silent_and_the_summary_names_it
 
 def _start_with_spares(nnodes: int) -> tuple[object, list[watchdog.JobWatchdog], dict[int, str]]:
     port = free_port()
-    server = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
-                                        wait_for_workers=False, multi_tenant=True)
+    server = serve(port)
     acted: dict[int, str] = {}
     dogs = [watchdog.JobWatchdog(plan(n, nnodes, port), 30, on_abort=lambda reason, n=n: acted.setdefault(n, reason), spares=1).start()
             for n in range(nnodes)]
@@ -128,8 +134,7 @@ def test_a_node_that_never_beat_is_named_once_all_were_up(monkeypatch: pytest.Mo
     # whose watchdog never arrived NEVER_BEAT_S after every node's workers were known to run.
     monkeypatch.setattr(watchdog, "NEVER_BEAT_S", 1.0)
     port = free_port()
-    server = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
-                                        wait_for_workers=False, multi_tenant=True)
+    server = serve(port)
     acted: dict[int, str] = {}
     up = time.monotonic()
     dogs = [watchdog.JobWatchdog(plan(n, 3, port), 30, on_abort=lambda reason, n=n: acted.setdefault(n, reason),
@@ -171,8 +176,7 @@ def test_a_stalled_file_system_on_one_node_does_not_make_it_silent(monkeypatch: 
 
     monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)  # above the 2 s between beats
     port = free_port()
-    server = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
-                                        wait_for_workers=False, multi_tenant=True)
+    server = serve(port)
     stalled, sized = threading.Event(), threading.Event()
 
     def hanging_size() -> int:
@@ -200,8 +204,7 @@ def test_the_closing_state_names_the_node_never_heard_from_and_reads_the_others(
     """Node 2 never beat (its helper never reached the store): node 0's final reading still has
     nodes 0 and 1, one by one, instead of nothing for all."""
     port = free_port()
-    server = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
-                                        wait_for_workers=False, multi_tenant=True)
+    server = serve(port)
     node0 = watchdog.JobWatchdog(plan(0, 3, port), 30)
     server.set(watchdog.beat_key("wd", 0), watchdog.DONE)
     server.add(watchdog.beat_key("wd", 1), 3)
@@ -210,3 +213,40 @@ def test_the_closing_state_names_the_node_never_heard_from_and_reads_the_others(
     server.set(watchdog.beat_key("wd", 1), watchdog.DONE)
     server.set(watchdog.beat_key("wd", 2), watchdog.DONE)
     assert node0._read_final(server)["done"] == {0: True, 1: True, 2: True}
+
+
+def test_an_abort_this_job_did_not_write_stops_nobody(capsys) -> None:  # type: ignore[no-untyped-def]
+    """Anyone who reaches node 0's port can write the store: an abort without the run's seal
+    (or the state counter alone) is said once and ignored; the job's own abort still acts."""
+    server, dogs, acted = start(3)
+    wait_for(lambda: all(dog.connected.is_set() for dog in dogs))
+    stranger = torch.distributed.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    stranger.add("hpctorch/wd/state", watchdog.ABORTED)  # aborted, with no reason at all
+    wait_for(lambda: "with no reason recorded" in capsys.readouterr().err)
+    stranger.set("hpctorch/wd/abort", "stop: node 1 failed")
+    wait_for(lambda: "carries no hpctorch seal" in capsys.readouterr().err)
+    before = server.add("hpctorch/wd/beat/1", 0)
+    wait_for(lambda: server.add("hpctorch/wd/beat/1", 0) >= before + 2)  # polls went on, twice
+    assert acted == {}
+    dogs[2].report_failure("rank 2 exited with code 1")
+    wait_for(lambda: len(acted) == 2)
+    assert set(acted.values()) == {"rank 2 exited with code 1"}
+    for dog in dogs:
+        dog.close()
+
+
+def test_a_store_that_does_not_authenticate_is_never_acted_on(capsys) -> None:  # type: ignore[no-untyped-def]
+    """Someone else serves the job's watch port (no record of this run there): the watchdog says
+    so in one line and watches nothing; an abort written there stops nobody."""
+    port = free_port()
+    squatter = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30),
+                                          wait_for_workers=False, multi_tenant=True)
+    squatter.set("hpctorch/wd/abort", "stop")
+    squatter.add("hpctorch/wd/state", watchdog.ABORTED)
+    acted: dict[int, str] = {}
+    dog = watchdog.JobWatchdog(plan(1, 2, port), 2, on_abort=lambda reason: acted.setdefault(1, reason)).start()
+    wait_for(lambda: not dog._thread.is_alive())
+    said = capsys.readouterr().err
+    assert "hpctorch: node 1's workers run unwatched: the store at 127.0.0.1:" in said and "authority record" in said, said
+    assert acted == {} and not dog.connected.is_set()
+    dog.close()

@@ -16,8 +16,9 @@ the value under that secret (``Seal``; ``SealedStore`` seals and checks transpar
   shared folder (a container that binds no home): the path is derived from the run id and the
   folder's name, never read from the store; the store holds only a MAC of the binding.
 
-Counters (``add``: beats, arrivals) and appended lists are not sealed: a stranger can make them
-lie about liveness or stall a run, not make a node run anything. torch's own rendezvous keys
+Counters (``add``: beats, arrivals, the watchdog's state) and appended lists are not sealed: a
+stranger can make them lie about liveness or stall a run, not make a node run anything or stop
+it (the watchdog's abort is sealed, and state without it is ignored). torch's own rendezvous keys
 are torch's protocol, outside this (the threat model: docs/threat-model.md).
 """
 

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import IO
 
 from .. import staged
@@ -46,12 +47,20 @@ def paths(state: str) -> tuple[str, str]:
 class Helper:
     """The supervisor's side: starts the helper and talks to it."""
 
-    def __init__(self, logs: str, state: str, startup_s: float, stall: tuple[float, str] | None = None) -> None:
+    def __init__(self, logs: str, state: str, startup_s: float, stall: tuple[float, str] | None = None,
+                 run_id: str | None = None) -> None:
         """``logs``: the workers' captured output; ``state``: the node's private directory
-        (``paths``); ``stall``: ``--stall-timeout`` and ``--stall-action``, watched by the helper."""
+        (``paths``); ``stall``: ``--stall-timeout`` and ``--stall-action``, watched by the helper;
+        ``run_id``: node 0's, whose secret the helper serves its store under (a 0600 file in ``state``)."""
         watch = [f"{stall[0]:g}", stall[1]] if stall else []
+        env = None
+        if run_id is not None:
+            from .authority import SECRET_FILE_ENV, hand_secret
+
+            hand_secret(run_id, os.path.join(state, "watch-secret"))
+            env = {**os.environ, SECRET_FILE_ENV: os.path.join(state, "watch-secret")}
         self.process = subprocess.Popen([staged.python(), "-m", "hpctorch.guard.nodewatch", logs, state, f"{startup_s:.3f}", *watch],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, env=env)
         self.inbox: queue.Queue[dict | None] = queue.Queue()
         self.connected = False
         self.abort: str | None = None
@@ -194,14 +203,21 @@ def main(argv: Sequence[str]) -> int:
     message = _until_needed(result, inbox)
     if message is not None and message.get("end") in ("finished", "quit"):
         return 0  # over before there was anything to watch
+    from . import authority
     from .agreement import open_store
     from .straggler_worker import DIR_ENV
     from .stragglers import for_node
     from .watchdog import JobWatchdog, StallWatch, logged_bytes
 
     try:
-        # Node 0: the watchdog's store, served while referenced.
+        # Node 0: the watchdog's store, served while referenced, with the record by which every
+        # node's watchdog authenticates it (under the run's secret, handed over by the supervisor).
         served = open_store(plan, plan.rdzv_timeout, serve=True, port=plan.watch_port) if plan.is_master else None
+        if served is not None:
+            authority.publish(served, replace(plan, master_port=plan.watch_port))
+    except authority.AuthError as exc:
+        print(f"hpctorch: the watchdog's store is not served (the job runs without it): {exc.line()}", file=sys.stderr, flush=True)
+        return 1
     except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
         print(f"hpctorch: cannot serve the watchdog's store on port {plan.watch_port}: {str(exc).splitlines()[0]}; "
               "the job runs without it", file=sys.stderr, flush=True)

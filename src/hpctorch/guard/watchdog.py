@@ -14,7 +14,9 @@ scale rules):
   stops moving for ``SILENT_AFTER_S`` (a frozen node, or its link down) names the node
   in ``abort``. Counters are compared against node 0's clock only (no clock skew).
 - ``abort``: a one-line summary, set by the node whose workers failed or by node 0's
-  verdict, then 2 added to ``state``; every node that reads that stops its workers through
+  verdict, sealed with the run's secret (``authority``: each watchdog first authenticates node
+  0's record in the store it watches, else runs unwatched and says so), then 2 added to
+  ``state``; every node that reads that, and finds the seal good, stops its workers through
   the torch agent's own SIGTERM handling, and adds one to ``ack``.
 - a node whose workers all succeeded sets its counter to ``done``; node 0 also adds 1 to
   ``state``, so a node still finishing when node 0's store goes away is not alarmed.
@@ -40,11 +42,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..plan.types import Plan
 from ..terminal import printable
 from .keys import DONE, REPLACED, beat_key, spares_prefix
 from .stragglers import Watch
+
+if TYPE_CHECKING:
+    from .authority import Seal
 
 POLL_S = 0.5
 BEAT_EVERY = 4
@@ -101,6 +107,9 @@ class JobWatchdog:
         self.requests = 0
         """Store requests this node's watchdog made (the scale benchmark reads it)."""
         self._store = None
+        self._seal: "Seal | None" = None
+        """This run's seal, once node 0's record in the watched store authenticated: the abort is sealed."""
+        self._forged: set[bytes] = set()
         self._acked = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpctorch-watchdog", daemon=True)
@@ -140,8 +149,28 @@ class JobWatchdog:
         self._finish(self.prefix + "abort", summary)
 
     def _set_abort(self, store, reason: str) -> None:  # type: ignore[no-untyped-def]
-        store.set(self.prefix + "abort", reason)  # the reason first: a reader of state then finds it
+        key = self.prefix + "abort"
+        store.set(key, self._seal.seal(key, reason) if self._seal is not None else reason)  # the reason first: a reader of state finds it
         store.add(self._state_key, ABORTED)
+
+    def _sealed_abort(self, store) -> str | None:  # type: ignore[no-untyped-def]
+        """The abort's reason, when this job wrote it; None (said once) for one anyone else wrote:
+        a stranger who reaches the store must not stop the job's workers with words of their choosing."""
+        from .authority import AuthError
+
+        key = self.prefix + "abort"
+        self.requests += 1
+        raw = bytes(store.get(key)) if store.check([key]) else b""
+        try:
+            if not raw:
+                raise AuthError("the job's state says aborted, with no reason recorded")
+            return printable(self._seal.open(key, raw).decode(errors="replace"), lines=False)  # type: ignore[union-attr]
+        except AuthError as exc:
+            if raw not in self._forged:
+                self._forged.add(raw)
+                print(f"hpctorch: ignored an abort this job did not write ({exc.cause}); its workers go on "
+                      "(docs/threat-model.md)", file=sys.stderr, flush=True)
+            return None
 
     def finished(self) -> None:
         self._finish(self._beat_key(), DONE.decode())
@@ -251,9 +280,24 @@ class JobWatchdog:
             pass
         self.on_abort(reason)
 
+    def _authenticated(self, store) -> bool:  # type: ignore[no-untyped-def]
+        """Whether the watched store is this run's (node 0's record there checks); said in one
+        line if not: a store someone else serves at the job's port is never acted on."""
+        from dataclasses import replace
+
+        from .authority import AuthError, verify
+
+        try:
+            self._seal = verify(store, replace(self.plan, master_addr=self.endpoint[0], master_port=self.endpoint[1]),
+                                self.connect_timeout_s)
+        except AuthError as exc:
+            print(f"hpctorch: node {self.plan.node_rank}'s workers run unwatched: {exc.line()}", file=sys.stderr, flush=True)
+            return False
+        return True
+
     def _run(self) -> None:
         store = self._connect()
-        if store is None:
+        if store is None or not self._authenticated(store):
             return
         self._store = store
         self.connected.set()
@@ -287,10 +331,10 @@ class JobWatchdog:
                 polls += 1
                 self.requests += 1
                 state = store.add(self._state_key, 0)
-                if state >= ABORTED:
-                    self.requests += 1
+                reason = self._sealed_abort(store) if state >= ABORTED else None
+                if reason is not None:
                     if not self._stop.is_set():
-                        self._abort(store, printable(store.get(self.prefix + "abort").decode(errors="replace"), lines=False))
+                        self._abort(store, reason)
                     return
                 master_finished = state == FINISHED
                 if judge is not None:

@@ -166,7 +166,7 @@ def run_per_node(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError
 
-    from ..guard import agreement
+    from ..guard import agreement, authority
     from ..guard.stallalone import AloneStall
     from ..guard.watchdog import JobWatchdog, StallWatch, logged_bytes
     from ..stacks.job import NodeStacks, install_teardown_capture
@@ -180,7 +180,9 @@ def run_per_node(
     elif plan.rdzv_conf.get("is_host") == "true":
         # torch's c10d rendezvous serves the store from here; opened first (multi-tenant, torch
         # reuses it) so it outlives the launch and node 0 can tell every node how the job ended.
-        master_store = agreement.open_store(plan, plan.rdzv_timeout, serve=True)  # noqa: F841
+        # With the record by which every node's watchdog authenticates it.
+        served = agreement.open_store(plan, plan.rdzv_timeout, serve=True)
+        master_store = authority.sealed(served, plan, plan.rdzv_timeout, serve=True)  # noqa: F841
     from .. import timings
 
     timings.mark("agreement done" if plan.nnodes > 1 and plan.watched and plan.rdzv_backend == "static" else "store ready")

@@ -230,7 +230,8 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         if several:
             from ..guard.nodewatch import Helper
 
-            helper = Helper(root, files[0], time.time() - started, stall)  # type: ignore[index]
+            helper = Helper(root, files[0], time.time() - started, stall,  # type: ignore[index]
+                            run_id=plan.run_id if plan.is_master else None)
         else:
             alone = _watch_alone(plan, straggle_dir)
             stalled = _watch_stall_alone(plan, root, stall)
