@@ -23,6 +23,7 @@ MEASURED = {
     "store_wait": "refused/s at rank 0",
     "straggler_overhead": "step on (ms)",
     "stage_spread": "time s",
+    "auth_cost": "a node's verify: median ms",
 }
 
 
