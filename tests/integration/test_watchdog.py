@@ -113,6 +113,29 @@ def test_with_a_hot_spare_a_silent_node_is_left_to_it(monkeypatch: pytest.Monkey
         dog.close()
 
 
+def test_a_spare_that_moved_in_is_watched_like_the_seat_it_took(monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The spare beats on a slot of its own (its plan has the kept nodes, then the spares): once
+    it moved in, node 0 watches that slot, and the spare lost whole later is named, not missed."""
+    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)
+    monkeypatch.setattr(watchdog, "MOVE_IN_S", 4.0)
+    server, dogs, acted = _start_with_spares(3)
+    spare = watchdog.JobWatchdog(plan(3, 4, server.port), 30, on_abort=lambda reason: acted.setdefault(3, reason), spares=1).start()
+    wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(4)]))
+    dogs[1]._stop.set()  # node 1 is lost whole
+    wait_for(lambda: server.get("hpctorch/wd/beat/1") == watchdog.REPLACED)
+    index = server.add("hpctorch/wd/spares/in", 1)  # the spare moves in, as start.spares says it
+    server.set(f"hpctorch/wd/spares/in/{index}", "n3")
+    server.set(f"hpctorch/wd/spares/in/{index}/node", "3")
+    before = server.add("hpctorch/wd/beat/0", 0)
+    wait_for(lambda: server.add("hpctorch/wd/beat/0", 0) >= before + 2)  # node 0 judged past the move
+    assert acted == {}
+    spare._stop.set()  # and is lost whole later
+    wait_for(lambda: len(acted) == 2)
+    assert acted[0] == acted[2] == "n3 (a hot spare that moved in) went silent: no heartbeat for 3 s", acted
+    for dog in (*dogs, spare):
+        dog.close()
+
+
 def test_requests_per_node_do_not_grow_with_the_node_count() -> None:
     rates = {}
     for nnodes in (2, 12):

@@ -413,6 +413,9 @@ class Judge:
         self.last_seen: dict[int, tuple[bytes, float]] = {}
         self.output: tuple[list[bytes], float] | None = None
         self.dumped = False
+        self.movers: list[tuple[str, str]] = []
+        """The spares that moved in, watched like the seats they took: (beat key, name)."""
+        self.moved_seen = 0
 
     def stalled(self, store, outs: list[str], now: float) -> str | None:  # type: ignore[no-untyped-def]
         """No node's output grew for the stall timeout: ask for a dump (once per stall), or
@@ -447,18 +450,40 @@ class Judge:
                     return (f"node {missing[0]} ({host}) never reached the watchdog's store: no heartbeat {NEVER_BEAT_S:.0f} s "
                             f"after every node's workers started" + (f" ({len(missing)} node(s) in all)" if len(missing) > 1 else ""))
             return None
-        for node, value in enumerate(store.multi_get(beats)):
+        if self.spares:
+            self._watch_movers(store)
+        watched = [*beats, *(key for key, _name in self.movers)]
+        for node, value in enumerate(store.multi_get(watched)):
             if value in (DONE, REPLACED):
                 continue
             count, since = self.last_seen.get(node, (b"", now))
             if value != count:
                 self.last_seen[node] = (value, now)
             elif now - since > SILENT_AFTER_S:
-                host = self.plan.nodes[node] if self.plan.nodes else f"node {node}"
-                reason = f"node {node} ({host}) went silent: no heartbeat for {SILENT_AFTER_S:.0f} s"
-                if not self._spare_for(store, beats[node], reason, now):
+                who = self.movers[node - len(beats)][1] if node >= len(beats) else f"node {node} ({self._host(node)})"
+                reason = f"{who} went silent: no heartbeat for {SILENT_AFTER_S:.0f} s"
+                if not self._spare_for(store, watched[node], reason, now):
                     return reason
         return self._moved_in(store, now)
+
+    def _host(self, node: int) -> str:
+        return self.plan.nodes[node] if node < len(self.plan.nodes) else f"node {node}"
+
+    def _watch_movers(self, store) -> None:  # type: ignore[no-untyped-def]
+        """A spare that moved in (``start.spares``: it numbers itself in ``in`` and names its slot)
+        is watched from then on, like the seat it took: lost whole later, it is named, not missed.
+        One request a poll, and two per spare once."""
+        prefix = spares_prefix(self.plan.run_id)
+        moved = int(store.add(prefix + "in", 0))
+        while self.moved_seen < moved:
+            slot, host = f"{prefix}in/{self.moved_seen + 1}/node", f"{prefix}in/{self.moved_seen + 1}"
+            if not store.check([slot, host]):
+                return  # numbered, its slot not written yet: at the next poll
+            node, name = store.multi_get([slot, host])
+            self.moved_seen += 1
+            if node.isdigit():  # anything else was not written by a spare of this job
+                self.movers.append((beat_key(self.plan.run_id, int(node)),
+                                    f"{printable(name.decode(errors='replace'), lines=False)} (a hot spare that moved in)"))
 
     def _spare_for(self, store, beat: str, reason: str, now: float) -> bool:  # type: ignore[no-untyped-def]
         """With a hot spare left, a silent node is left to torch's rendezvous, which drops it when

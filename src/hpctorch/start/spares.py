@@ -177,7 +177,9 @@ class Seat:
         try:
             index = self.store.add(f"{self.prefix}in", 1)  # type: ignore[union-attr]
             self.store.set(f"{self.prefix}in/{index}", self.host)  # type: ignore[union-attr]
-        except Exception:  # noqa: BLE001 - only node 0's closing summary misses the name
+            # Its watchdog slot: node 0 watches it from now on, as the seat it took.
+            self.store.set(f"{self.prefix}in/{index}/node", str(self.plan.node_rank))  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - node 0's summary misses its name, and its watch this node
             pass
         _say(f"{self.host} moves in from the spares: the job goes on in round {self.round} of torch's rendezvous")
         return info
