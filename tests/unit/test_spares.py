@@ -213,3 +213,26 @@ def test_ranks_broken_by_a_node_lost_whole_do_not_take_its_blame(monkeypatch, ca
     assert broken.leaving is None
     assert "nid2 stopped beating (lost whole): a hot spare is for it; nid1 restarts in place" in capsys.readouterr().err
     assert server.add(broken.prefix + "used", 0) == 0  # the spare is left for node 0's watchdog to give to nid2's seat
+
+
+def test_without_torch_s_round_every_node_of_a_round_keys_its_claim_alike() -> None:
+    """torch's round lives in private state: where it moved, the round's rank 0 numbers the round
+    from a job-wide counter in the round's own store, so a spare that moved in (fewer rounds of
+    its own) claims under the same key as the nodes that were there from the start."""
+    from torch.distributed import PrefixStore
+    from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousStoreInfo
+
+    port = free_port()
+    server = _store(port, True)  # noqa: F841
+    first, second, spare = _seats(port)
+    for seat in (first, second, spare):
+        seat.handler = object()  # no _state_holder: as if torch renamed it
+    for round_, seated in enumerate([(first, second), (first, spare)]):  # the spare moves in for round 1
+        infos = [RendezvousInfo(PrefixStore(f"torch.rendezvous.test.{round_}", _store(port, False)), rank, 2,  # a client per node
+                                RendezvousStoreInfo("127.0.0.1", port)) for rank in (0, 1)]
+        readers = [threading.Thread(target=seated[1]._note_round, args=(infos[1],))]  # waits for rank 0's number
+        readers[0].start()
+        seated[0]._note_round(infos[0])
+        readers[0].join(timeout=30)
+        assert seated[0].round == seated[1].round == round_, (round_, seated[0].round, seated[1].round)
+    assert spare.round == 1 and first.round == 1  # a count of the spare's own rounds would say 0

@@ -44,6 +44,8 @@ SUSPECT_S = 5.0
 """How long a node whose ranks exited watches its peers' watchdog counters (a beat every 2 s)
 before it leaves: a peer lost whole (its hpctorch gone, so it never claims) broke those ranks, and
 it is the one to replace (node 0's watchdog hands its seat to a spare once it is silent)."""
+ROUND_KEY = "hpctorch-spares-round"
+"""In a round's own store: the round's number, where torch's is not readable (``Seat._agreed_round``)."""
 LEAVE_S = 10.0
 """How long a replaced node tries to leave the rendezvous; past it, torch drops the node when its
 heartbeats stop (keep-alive interval times attempts: 15 s by default)."""
@@ -142,7 +144,7 @@ class Seat:
         if not self.joined:
             return self._move_in(original)
         info = original()
-        self._note_round()
+        self._note_round(info)
         self.store.set(f"{self.prefix}ready", "1")  # type: ignore[union-attr]  # the round is complete: spares may join now
         return info
 
@@ -173,7 +175,7 @@ class Seat:
         except RendezvousError as exc:  # closed (the job ended), graceful exit, or the store gone
             raise SpareDone(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
         self.joined = True
-        self._note_round()
+        self._note_round(info)
         try:
             index = self.store.add(f"{self.prefix}in", 1)  # type: ignore[union-attr]
             self.store.set(f"{self.prefix}in/{index}", self.host)  # type: ignore[union-attr]
@@ -195,11 +197,25 @@ class Seat:
         except Exception:  # noqa: BLE001 - torch's private parts moved: its heartbeat expiry drops the node
             pass
 
-    def _note_round(self) -> None:
+    def _note_round(self, info) -> None:  # type: ignore[no-untyped-def]
+        """The round every node of it keys its fault claim by: torch's own number, else one the
+        round's rank 0 draws from a job-wide counter and leaves in the round's own store (torch
+        prefixes it by round), where every node of the round reads the same."""
         try:
             self.round = int(self.handler._state_holder.state.round)  # type: ignore[union-attr]
-        except Exception:  # noqa: BLE001 - torch's private state moved: a count of this node's own rounds
-            self.round += 1
+        except Exception:  # noqa: BLE001 - torch's private state moved: the agreed number
+            self.round = self._agreed_round(info)
+
+    def _agreed_round(self, info) -> int:  # type: ignore[no-untyped-def]
+        store, rank = (info.store, info.rank) if hasattr(info, "store") else (info[0], info[1])  # torch < 2.3: a tuple
+        try:
+            if rank == 0:
+                number = int(self.store.add(f"{self.prefix}rounds", 1)) - 1  # type: ignore[union-attr]
+                store.set(ROUND_KEY, str(number))
+                return number
+            return int(store.get(ROUND_KEY))  # waits for the round's rank 0 (the store's own timeout)
+        except Exception:  # noqa: BLE001 - the store is gone: torch's restart reports it
+            return self.round + 1
 
 
 def _killed(failure: object) -> bool:
