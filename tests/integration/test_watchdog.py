@@ -4,11 +4,12 @@ benchmark runs the same code at 4,096 nodes; here it must be correct, not fast).
 from __future__ import annotations
 
 import datetime
+import json
 import time
 
 import pytest
 
-from hpctorch.guard import authority, watchdog
+from hpctorch.guard import authority, judge, watchdog
 from hpctorch.host.network import free_port
 from hpctorch.plan.types import Plan
 
@@ -61,7 +62,7 @@ def test_a_failure_reaches_every_node_even_from_node_0(failing: int) -> None:
 
 
 def test_node_0_alone_names_a_node_that_went_silent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)  # above the 2 s between beats: no false alarm
+    monkeypatch.setattr(judge, "SILENT_AFTER_S", 3.0)  # above the 2 s between beats: no false alarm
     server, dogs, acted = start(3)
     wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(3)]))  # node 0 judges once all beat
     dogs[1]._stop.set()  # node 1 freezes: its counter stops moving, it says nothing
@@ -72,7 +73,7 @@ def test_node_0_alone_names_a_node_that_went_silent(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_node_that_left_for_a_hot_spare_is_not_silent_and_the_summary_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)
+    monkeypatch.setattr(judge, "SILENT_AFTER_S", 3.0)
     server, dogs, acted = start(3)
     wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(3)]))
     dogs[1].replaced()  # its rank died first; a spare took its seat (start.spares)
@@ -94,8 +95,8 @@ def _start_with_spares(nnodes: int) -> tuple[object, list[watchdog.JobWatchdog],
 
 @pytest.mark.parametrize("moves_in", [True, False], ids=["spare-moves-in", "no-spare-comes"])
 def test_with_a_hot_spare_a_silent_node_is_left_to_it(monkeypatch: pytest.MonkeyPatch, capsys, moves_in: bool) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)
-    monkeypatch.setattr(watchdog, "MOVE_IN_S", 4.0)
+    monkeypatch.setattr(judge, "SILENT_AFTER_S", 3.0)
+    monkeypatch.setattr(judge, "MOVE_IN_S", 4.0)
     server, dogs, acted = _start_with_spares(3)
     wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(3)]))
     dogs[1]._stop.set()  # node 1 is lost whole: torch's rendezvous drops it, a spare moves in (start.spares)
@@ -116,8 +117,8 @@ def test_with_a_hot_spare_a_silent_node_is_left_to_it(monkeypatch: pytest.Monkey
 def test_a_spare_that_moved_in_is_watched_like_the_seat_it_took(monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
     """The spare beats on a slot of its own (its plan has the kept nodes, then the spares): once
     it moved in, node 0 watches that slot, and the spare lost whole later is named, not missed."""
-    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)
-    monkeypatch.setattr(watchdog, "MOVE_IN_S", 4.0)
+    monkeypatch.setattr(judge, "SILENT_AFTER_S", 3.0)
+    monkeypatch.setattr(judge, "MOVE_IN_S", 4.0)
     server, dogs, acted = _start_with_spares(3)
     spare = watchdog.JobWatchdog(plan(3, 4, server.port), 30, on_abort=lambda reason: acted.setdefault(3, reason), spares=1).start()
     wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(4)]))
@@ -155,7 +156,7 @@ def test_requests_per_node_do_not_grow_with_the_node_count() -> None:
 def test_a_node_that_never_beat_is_named_once_all_were_up(monkeypatch: pytest.MonkeyPatch) -> None:
     # Where the workers start before the watchdog (hpctorch's own starter), node 0 names a node
     # whose watchdog never arrived NEVER_BEAT_S after every node's workers were known to run.
-    monkeypatch.setattr(watchdog, "NEVER_BEAT_S", 1.0)
+    monkeypatch.setattr(judge, "NEVER_BEAT_S", 1.0)
     port = free_port()
     server = serve(port)
     acted: dict[int, str] = {}
@@ -170,7 +171,7 @@ def test_a_node_that_never_beat_is_named_once_all_were_up(monkeypatch: pytest.Mo
 
 
 def test_without_all_up_a_late_node_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(watchdog, "NEVER_BEAT_S", 0.5)
+    monkeypatch.setattr(judge, "NEVER_BEAT_S", 0.5)
     server, dogs, acted = start(2)
     dogs[1].close()  # never beats again; node 0 does not know when all were up: no verdict on a start
     time.sleep(2.0)
@@ -197,7 +198,7 @@ def test_a_stalled_file_system_on_one_node_does_not_make_it_silent(monkeypatch: 
     its beats go on and node 0 names nobody. Before, the sizing ran in the beating thread."""
     import threading
 
-    monkeypatch.setattr(watchdog, "SILENT_AFTER_S", 3.0)  # above the 2 s between beats
+    monkeypatch.setattr(judge, "SILENT_AFTER_S", 3.0)  # above the 2 s between beats
     port = free_port()
     server = serve(port)
     stalled, sized = threading.Event(), threading.Event()
@@ -273,3 +274,19 @@ def test_a_store_that_does_not_authenticate_is_never_acted_on(capsys) -> None:  
     assert "hpctorch: node 1's workers run unwatched: the store at 127.0.0.1:" in said and "authority record" in said, said
     assert acted == {} and not dog.connected.is_set()
     dog.close()
+
+
+def test_node_0_shows_only_the_stacks_this_job_s_nodes_sent() -> None:
+    """The stacks travel through the watchdog's store under the run's seal: a part someone else
+    planted (and a garbled name on the list) is left out; the job's own are shown."""
+    from hpctorch.stacks import job
+
+    port = free_port()
+    server = serve(port)
+    seal = authority.verify(server, plan(0, 1, port), 10)
+    sealed = authority.SealedStore(server, seal)
+    job.publish(sealed, "hpctorch/wd/stacks/teardown/", [1], [{"ranks": [1], "frames": ["train.py:10"]}])
+    server.set("hpctorch/wd/stacks/teardown/part/2", json.dumps({"t": time.time(), "nodes": [2], "groups": [{"forged": True}]}))
+    server.append("hpctorch/wd/stacks/teardown/who", "2,x,")
+    parts, covered = job.collect(sealed, "hpctorch/wd/stacks/teardown/", {0}, 3, 3.0)
+    assert parts == [[{"ranks": [1], "frames": ["train.py:10"]}]] and covered == {0, 1}

@@ -1,6 +1,6 @@
 """``--stall-timeout`` on one node whose workers hpctorch starts itself (no store, no helper).
 
-The same rule as node 0's judge across nodes (``watchdog.Judge.stalled``): once the workers have
+The same rule as node 0's judge across nodes (``judge.Judge.stalled``): once the workers have
 written something, when their captured output has not grown for the timeout, the workers' stacks are printed once for that
 stall (again only after output resumed and stopped again), or, with ``--stall-action kill``,
 ``poll()`` returns the reason (and ``on_kill(reason)`` is called) and the job is stopped with the

@@ -63,15 +63,24 @@ def collect(store, prefix: str, covered: set[int], nnodes: int, timeout_s: float
         pause = min(1.0, pause * 1.5)
         if not store.check([f"{prefix}who"]):
             continue
-        names = {int(n) for n in store.get(f"{prefix}who").decode().split(",") if n}
+        listing = getattr(store, "get_plain", store.get)(f"{prefix}who")  # an appended list: never sealed
+        names = {int(n) for n in listing.decode().split(",") if n.isdigit()}
         listed |= names
         new = sorted(names - fresh)
-        for node, value in zip(new, store.multi_get([f"{prefix}part/{n}" for n in new]) if new else []):
-            data = json.loads(value)
-            if data["t"] > started - FRESH_S and not set(data["nodes"]) <= covered:
+        keys = [f"{prefix}part/{n}" for n in new]
+        # Under the run's seal (the watchdog's store): a part someone else planted is left out.
+        values = getattr(store, "opened", store.multi_get)(keys) if new else []
+        for node, value in zip(new, values):
+            try:
+                data = json.loads(value) if value is not None else None
+                ours = data is not None and data["t"] > started - FRESH_S and not set(data["nodes"]) <= covered
+                groups, nodes = (data["groups"], set(data["nodes"])) if ours else ([], set())
+            except (ValueError, TypeError, KeyError):
+                ours = False  # not a part this job's nodes write
+            if ours:
                 fresh.add(node)
-                parts.append(data["groups"])
-                covered.update(data["nodes"])
+                parts.append(groups)
+                covered.update(nodes)
     for key in [f"{prefix}who", *(f"{prefix}part/{n}" for n in listed)]:
         try:
             store.delete_key(key)
