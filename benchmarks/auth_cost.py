@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 
-from .common import isolated, save, summary, table
+from .common import save, summary, table
 
 RECORD = b"x" * 200
 
@@ -82,9 +81,6 @@ def measure(mechanism: str, repeats: int) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    status = isolated("benchmarks.auth_cost", sys.argv[1:] if argv is None else list(argv))  # as benchmark 7: no resolver waits
-    if status is not None:
-        raise SystemExit(status)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--smoke", action="store_true")
