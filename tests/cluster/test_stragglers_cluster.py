@@ -1,7 +1,8 @@
 """The straggler watch on 3 real Slurm nodes, one rank each, plain DDP (the script imports no
 hpctorch): the node whose slurmd runs in a CPU-quota cgroup (held from its first step) is named, and goes on the bad-node
 list once it straggled for two windows (its quota the evidence about the node; no other node is
-listed); a balanced run names nobody, under torch's agent too. Every job here makes the window
+listed); a rank with 3x the work is named and its healthy node never listed; a balanced run
+names nobody, under torch's agent too. Every job here makes the window
 5 s (HPCTORCH_STRAGGLER_WINDOW_S): the rule is the same at the default 30 s, only slower to see."""
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ TRAIN = textwrap.dedent("""
     # The throttled node's cue (conftest.throttled_training): its quota from here on.
     open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"training-{os.uname().nodename}"), "w").close()
     seconds, started, step, stop = float(sys.argv[1]), time.monotonic(), 0, torch.zeros(1)
+    # A rank with more work for its role (a pipeline's last stage): passes accumulated without a collective.
+    extra = int(os.environ.get("EXTRA_PASSES", "0")) if dist.get_rank() == int(os.environ.get("WORK_RANK", "-1")) else 0
     while not stop.item():
+        for _ in range(extra):
+            with model.no_sync():
+                model(torch.randn(256, 512)).pow(2).mean().backward()
         model(torch.randn(256, 512)).pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -90,6 +96,19 @@ def test_a_balanced_cluster_names_nobody(cluster: Cluster, job_dir: Path, starte
     assert sorted(row["node"] for row in summary["ranks"]) == ["node1", "node2", "node3"], summary
     assert all(row["collectives"] > 100 for row in summary["ranks"]), summary["ranks"]
     assert not (job_dir / "bad-nodes.jsonl").exists()
+
+
+def test_a_rank_with_more_work_is_named_and_its_healthy_node_never_listed(cluster: Cluster, job_dir: Path) -> None:
+    """The issue's pipeline case on real nodes: rank 2 does 3x the work of the others each step
+    (two more passes, accumulated without a collective). It is the one they wait for, and is named;
+    nothing about its node says why (no quota holds it back), so no node goes on the bad-node list."""
+    state, output, summary = trained(cluster, job_dir, 25, env=WINDOW + "export WORK_RANK=2 EXTRA_PASSES=2\n")
+    assert state == "COMPLETED", output[-3000:]
+    lines = straggler_lines(output)
+    assert any(line.startswith("hpctorch: straggler: rank 2 (") and "computes" in line for line in lines), output[-3000:]
+    assert not any("its CPU quota held it back" in line for line in lines), lines
+    assert not (job_dir / "bad-nodes.jsonl").exists(), (job_dir / "bad-nodes.jsonl").read_text()
+    print("\n".join(lines))
 
 
 def test_per_task_the_throttled_node_is_named_by_rank_0(cluster: Cluster, job_dir: Path, throttled_training: str) -> None:

@@ -350,8 +350,12 @@ def test_the_python_store_client_speaks_with_torchs_own_tcpstore() -> None:
     assert client.multi_get(["t", "a/b", "n"]) == [b"from torch", b"from python", b"6"]
     threading.Timer(0.3, lambda: server.set("soon", "s")).start()
     assert client.multi_get(["t", "soon"]) == [b"from torch", b"s"]  # waits for every key first, as torch's does
+    # An append has no answer: a request that has one after it on the same connection makes sure
+    # the server took it before the other connection's (two connections are not ordered).
     client.append("list", "1,")
+    client.check(["list"])
     server.append("list", "2,")
+    server.check(["list"])
     client.append("list", "3,")
     assert server.get("list") == b"1,2,3,"
     assert client.delete_key("list") and not client.delete_key("list") and not server.check(["list"])
