@@ -137,6 +137,22 @@ def test_a_spare_that_moved_in_is_watched_like_the_seat_it_took(monkeypatch: pyt
         dog.close()
 
 
+def test_a_spare_whose_watchdog_never_beat_is_not_waited_for() -> None:
+    """A spare that moved in but whose watchdog never beat (it could not reach or authenticate the
+    store): node 0 must not ask for its counter before it exists (a multi_get waits for every
+    key), or its own polls would stall and it would end the job as if its store were gone."""
+    server, dogs, acted = _start_with_spares(3)
+    wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(3)]))
+    index = server.add("hpctorch/wd/spares/in", 1)
+    server.set(f"hpctorch/wd/spares/in/{index}", "n7")
+    server.set(f"hpctorch/wd/spares/in/{index}/node", "7")  # beat/7: never written
+    before = server.add("hpctorch/wd/beat/0", 0)
+    wait_for(lambda: server.add("hpctorch/wd/beat/0", 0) >= before + 3)  # node 0 polled on for 6 s
+    assert acted == {}
+    for dog in dogs:
+        dog.close()
+
+
 def test_requests_per_node_do_not_grow_with_the_node_count() -> None:
     rates = {}
     for nnodes in (2, 12):

@@ -51,6 +51,8 @@ class Judge:
         self.movers: list[tuple[str, str]] = []
         """The spares that moved in, watched like the seats they took: (beat key, name)."""
         self.moved_seen = 0
+        self.arriving: list[tuple[str, str]] = []
+        """Spares that moved in whose watchdog has not beaten yet."""
 
     def stalled(self, store, outs: list[str], now: float) -> str | None:  # type: ignore[no-untyped-def]
         """No node's output grew for the stall timeout: ask for a dump (once per stall), or
@@ -107,7 +109,7 @@ class Judge:
     def _watch_movers(self, store) -> None:  # type: ignore[no-untyped-def]
         """A spare that moved in (``start.spares``: it numbers itself in ``in`` and names its slot)
         is watched from then on, like the seat it took: lost whole later, it is named, not missed.
-        One request a poll, and two per spare once."""
+        One request a poll, two per spare once, and one a poll until its watchdog first beat."""
         prefix = spares_prefix(self.plan.run_id)
         moved = int(store.add(prefix + "in", 0))
         while self.moved_seen < moved:
@@ -117,8 +119,11 @@ class Judge:
             node, name = store.multi_get([slot, host])
             self.moved_seen += 1
             if node.isdigit():  # anything else was not written by a spare of this job
-                self.movers.append((beat_key(self.plan.run_id, int(node)),
-                                    f"{printable(name.decode(errors='replace'), lines=False)} (a hot spare that moved in)"))
+                self.arriving.append((beat_key(self.plan.run_id, int(node)),
+                                      f"{printable(name.decode(errors='replace'), lines=False)} (a hot spare that moved in)"))
+        # Watched once its counter exists: a multi_get waits for every key it names.
+        while self.arriving and store.check([self.arriving[0][0]]):
+            self.movers.append(self.arriving.pop(0))
 
     def _spare_for(self, store, beat: str, reason: str, now: float) -> bool:  # type: ignore[no-untyped-def]
         """With a hot spare left, a silent node is left to torch's rendezvous, which drops it when
