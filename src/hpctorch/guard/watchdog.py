@@ -56,6 +56,8 @@ POLL_S = 0.5
 BEAT_EVERY = 4
 """Polls per heartbeat: a beat every 2 s, five in the silence window; the abort is read every poll."""
 UNREACHABLE_AFTER_S = 3.0
+AUTH_TRIES = 4
+"""Tries at authenticating the watched store (node 0's record, ``authority.verify``)."""
 STORE_TIMEOUT_S = 2
 LINGER_S = 5.0
 FINISHED, ABORTED = 1, 2
@@ -274,13 +276,18 @@ class JobWatchdog:
 
         from .authority import AuthError, verify
 
-        try:
-            self._seal = verify(store, replace(self.plan, master_addr=self.endpoint[0], master_port=self.endpoint[1]),
-                                self.connect_timeout_s)
-        except AuthError as exc:
-            print(f"hpctorch: node {self.plan.node_rank}'s workers run unwatched: {exc.line()}", file=sys.stderr, flush=True)
-            return False
-        return True
+        bound = replace(self.plan, master_addr=self.endpoint[0], master_port=self.endpoint[1])
+        for attempt in range(AUTH_TRIES):
+            try:
+                self._seal = verify(store, bound, self.connect_timeout_s)
+                return True
+            except AuthError as exc:
+                # Spawning unmunge from this thread while torch's agent starts its workers failed
+                # once on the cluster ("Bad address"): a tool's failure is tried again.
+                if attempt + 1 < AUTH_TRIES and not self._stop.wait(POLL_S * (attempt + 1)):
+                    continue
+                print(f"hpctorch: node {self.plan.node_rank}'s workers run unwatched: {exc.line()}", file=sys.stderr, flush=True)
+        return False
 
     def _run(self) -> None:
         store = self._connect()
