@@ -20,25 +20,9 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from .common import save, summary, table
+from .common import CountingStore, save, summary, table
 
 RECORD = b"x" * 200
-
-
-class Counting:
-    """A store client that counts the requests made through it."""
-
-    def __init__(self, store) -> None:  # type: ignore[no-untyped-def]
-        self.store, self.requests = store, 0
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        method = getattr(self.store, name)
-
-        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-            self.requests += 1
-            return method(*args, **kwargs)
-
-        return counted
 
 
 def _plan(port: int, run_id: str):  # type: ignore[no-untyped-def]
@@ -58,7 +42,7 @@ def measure(mechanism: str, repeats: int) -> dict[str, object]:
     if mechanism == "file":
         authority.munge_works = lambda: False  # type: ignore[assignment] # the fallback, as on a site without munged
     server = TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=30), wait_for_workers=False, multi_tenant=True)
-    client = Counting(TCPStore("127.0.0.1", server.port, None, False, datetime.timedelta(seconds=30)))
+    client = CountingStore(TCPStore("127.0.0.1", server.port, None, False, datetime.timedelta(seconds=30)))
     publish_ms, verify_ms, requests = [], [], []
     for index in range(repeats):
         plan = _plan(server.port, f"bench-auth-{mechanism}-{os.getpid()}-{index}")

@@ -78,6 +78,22 @@ def kill_trees(processes: Sequence[subprocess.Popen]) -> None:
                 pass
 
 
+class CountingStore:
+    """A store client that counts the requests made through it (a node's load on the store)."""
+
+    def __init__(self, store) -> None:  # type: ignore[no-untyped-def]
+        self.store, self.requests = store, 0
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        method = getattr(self.store, name)
+
+        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.requests += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
 def save(name: str, data: dict) -> Path:
     RESULTS.mkdir(exist_ok=True)
     data = {**data, "machine": machine(), "command": shlex.join([Path(PYTHON).name, "-m", f"benchmarks.{name}", *sys.argv[1:]]),

@@ -31,7 +31,7 @@ from dataclasses import replace
 from hpctorch.host.network import free_port
 from hpctorch.plan.types import Plan
 
-from .common import PYTHON, ROOT, clean_env, isolated, save, table
+from .common import PYTHON, ROOT, CountingStore, clean_env, isolated, save, table
 
 PROCESSES = 8
 """Client processes per table row (each imports torch: about 3 s of CPU here); --smoke uses 2."""
@@ -213,22 +213,6 @@ def shared_files(nnodes: int, polls: int = 6) -> dict[str, float]:
         "files_old_per_node_per_poll": nnodes + 1,
         "files_poll_s": poll_s,
     }
-
-
-class CountingStore:
-    """A TCPStore client that counts the requests made through it (the screen's load per node)."""
-
-    def __init__(self, store) -> None:  # type: ignore[no-untyped-def]
-        self.store, self.requests = store, 0
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        method = getattr(self.store, name)
-
-        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-            self.requests += 1
-            return method(*args, **kwargs)
-
-        return counted
 
 
 def _reports(children: list[subprocess.Popen], timeout_s: float) -> list[dict]:
