@@ -50,6 +50,8 @@ class Judge:
         self.dumped = False
         self.movers: list[tuple[str, str]] = []
         """The spares that moved in, watched like the seats they took: (beat key, name)."""
+        self.moved = 0
+        """Spares that moved in (the ``in`` counter), as read at this poll."""
         self.moved_seen = 0
         self.arriving: list[tuple[str, str]] = []
         """Spares that moved in whose watchdog has not beaten yet."""
@@ -83,9 +85,8 @@ class Judge:
             if up is not None and now - up > NEVER_BEAT_S:
                 missing = [n for n, key in enumerate(beats) if not store.check([key])]  # once, at the verdict
                 if missing:
-                    host = self.plan.nodes[missing[0]] if self.plan.nodes else f"node {missing[0]}"
-                    return (f"node {missing[0]} ({host}) never reached the watchdog's store: no heartbeat {NEVER_BEAT_S:.0f} s "
-                            f"after every node's workers started" + (f" ({len(missing)} node(s) in all)" if len(missing) > 1 else ""))
+                    return (f"node {missing[0]} ({self._host(missing[0])}) never reached the watchdog's store: no heartbeat "
+                            f"{NEVER_BEAT_S:.0f} s after every node's workers started" + (f" ({len(missing)} node(s) in all)" if len(missing) > 1 else ""))
             return None
         if self.spares:
             self._watch_movers(store)
@@ -111,8 +112,8 @@ class Judge:
         is watched from then on, like the seat it took: lost whole later, it is named, not missed.
         One request a poll, two per spare once, and one a poll until its watchdog first beat."""
         prefix = spares_prefix(self.plan.run_id)
-        moved = int(store.add(prefix + "in", 0))
-        while self.moved_seen < moved:
+        self.moved = int(store.add(prefix + "in", 0))
+        while self.moved_seen < self.moved:
             slot, host = f"{prefix}in/{self.moved_seen + 1}/node", f"{prefix}in/{self.moved_seen + 1}"
             if not store.check([slot, host]):
                 return  # numbered, its slot not written yet: at the next poll
@@ -141,7 +142,7 @@ class Judge:
         if self.awaiting is None:
             return None
         node, since, before = self.awaiting
-        if store.add(spares_prefix(self.plan.run_id) + "in", 0) > before:
+        if self.moved > before:  # read at this poll (``_watch_movers``: a spare to wait for means spares)
             self.awaiting = None
         elif now - since > MOVE_IN_S:
             return f"{node} went silent, and no hot spare moved in within {MOVE_IN_S:.0f} s"

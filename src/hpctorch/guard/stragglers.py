@@ -10,10 +10,10 @@ reads all records in one ``multi_get`` and judges (``straggler_judge``, pure): a
 the one they wait for; so is a node whose CPU quota held its ranks back in half of the
 scheduler's periods (its workers' cgroup ``cpu.stat``) while the others wait: frozen inside a
 collective it slows everyone alike, and no time share shows it. Node 0 prints one line per
-straggler found in ``CONFIRM_JUDGEMENTS`` judgements on end (not a rank
-still warming up), again at most every ``REPEAT_S`` while it lasts, and adds a node of a several-node
-job that straggled for two windows on end to the user's bad-node list only on evidence about the
-node itself (its CPU quota held it back): a rank that computes more for its role (a pipeline's
+straggler found in ``CONFIRM_JUDGEMENTS`` judgements on end (not a rank still warming up), again
+at most every ``REPEAT_S`` while it lasts, and adds a node of a several-node job that straggled
+for two windows on end to the user's bad-node list only on evidence about the node itself (its
+CPU quota held it back): a rank that computes more for its role (a pipeline's
 last stage, a rank 0 that also evaluates) or a node slowed for a while by its neighbours looks
 the same in time shares, and is named, never listed. At the end every node's
 running totals make the closing summary's per-rank table.
@@ -240,8 +240,8 @@ class Watch:
             if straggler.throttled is not None:
                 held[straggler.node] = max(held.get(straggler.node, 0.0), straggler.throttled)
             began, count = self.spell[straggler.node]
-            kept = ((self.pending.get(straggler.key) or ("", {}))[1] or self.verdicts.get(straggler.key)
-                    or {"first_s": round(now - started, 1), "judgements": 0})
+            pending = self.pending.get(straggler.key)
+            kept = (pending[1] if pending else self.verdicts.get(straggler.key)) or {"first_s": round(now - started, 1), "judgements": 0}
             verdict = {**self._evidence(straggler), "line": straggler.line().removeprefix("hpctorch: "),
                        "first_s": kept["first_s"], "last_s": round(now - started, 1),
                        "judgements": int(kept["judgements"]) + 1}  # type: ignore[call-overload]

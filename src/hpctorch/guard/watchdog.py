@@ -139,7 +139,7 @@ class JobWatchdog:
 
     def _set_abort(self, store, reason: str) -> None:  # type: ignore[no-untyped-def]
         key = self.prefix + "abort"
-        store.set(key, self._seal.seal(key, reason) if self._seal is not None else reason)  # the reason first: a reader of state finds it
+        store.set(key, self._seal.seal(key, reason))  # type: ignore[union-attr]  # set once authenticated; the reason first
         store.add(self._state_key, ABORTED)
 
     def _sealed_abort(self, store) -> str | None:  # type: ignore[no-untyped-def]

@@ -72,12 +72,11 @@ def collect(store, prefix: str, covered: set[int], nnodes: int, timeout_s: float
         values = getattr(store, "opened", store.multi_get)(keys) if new else []
         for node, value in zip(new, values):
             try:
-                data = json.loads(value) if value is not None else None
-                ours = data is not None and data["t"] > started - FRESH_S and not set(data["nodes"]) <= covered
-                groups, nodes = (data["groups"], set(data["nodes"])) if ours else ([], set())
+                data = json.loads(value)  # None (its seal did not check): TypeError
+                when, nodes, groups = float(data["t"]), set(data["nodes"]), data["groups"]
             except (ValueError, TypeError, KeyError):
-                ours = False  # not a part this job's nodes write
-            if ours:
+                continue  # not a part this job's nodes write
+            if when > started - FRESH_S and not nodes <= covered:
                 fresh.add(node)
                 parts.append(groups)
                 covered.update(nodes)
