@@ -36,6 +36,10 @@ class StoreError(RuntimeError):
     """A request failed or timed out (a RuntimeError, as torch's own store errors are)."""
 
 
+class StoreLost(StoreError):
+    """The connection failed or was closed: the store went away, not a slow answer."""
+
+
 class ProtocolMismatch(StoreError):
     """The server did not answer as torch >= 2.4's TCPStore does."""
 
@@ -93,9 +97,9 @@ class StoreClient:
                     self.close()
                 raise StoreError("the store did not answer in time") from None
             except OSError as exc:
-                raise StoreError(f"the store's connection failed: {exc.strerror or exc}") from None
+                raise StoreLost(f"the store's connection failed: {exc.strerror or exc}") from None
             if not part:
-                raise StoreError("the store closed the connection")
+                raise StoreLost("the store closed the connection")
             data += part
         return bytes(data)
 
@@ -103,7 +107,7 @@ class StoreClient:
         try:
             self.conn.sendall(data)
         except OSError as exc:
-            raise StoreError(f"the store's connection failed: {exc.strerror or exc}") from None
+            raise StoreLost(f"the store's connection failed: {exc.strerror or exc}") from None
 
     def _bytes(self) -> bytes:
         return self._exactly(struct.unpack("<Q", self._exactly(8))[0])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpctorch.guard import authority
-from hpctorch.guard.authority import AuthError, Seal, SealedStore
+from hpctorch.guard.authority import AuthError, Seal
 from hpctorch.plan.types import Plan
 
 from ..conftest import require
@@ -106,6 +106,28 @@ def test_without_node_0s_record_the_wait_is_bounded(store) -> None:  # type: ign
     with pytest.raises(AuthError, match="within 1 s"):
         authority.verify(store, _plan(1, store.port), 1)
     assert time.monotonic() - started < 30  # a hang guard only
+
+
+@pytest.mark.parametrize("client", ["torch", "hpctorch"])
+def test_a_store_that_closes_the_connection_before_its_record_is_no_verdict(client: str) -> None:
+    """Node 0's hpctorch hands its port to rank 0's store: a node that connected a moment before
+    sees the connection closed while it waits for the record. That says nothing about who serves
+    the port (StoreGone, at once, to try again), unlike a store that never shows a record."""
+    import threading
+
+    from torch.distributed import TCPStore
+
+    from hpctorch import storeclient
+
+    served = [TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)]
+    port = served[0].port
+    reached = (TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=10)) if client == "torch"
+               else storeclient.connect("127.0.0.1", port, 10))
+    threading.Timer(0.5, served.clear).start()  # the server goes while the client waits for the record
+    started = time.monotonic()
+    with pytest.raises(authority.StoreGone, match="closed the connection before its authority record was read"):
+        authority.verify(reached, _plan(1, port), 60)
+    assert time.monotonic() - started < 30  # not the record's 60 s: the verdict would have waited those out
 
 
 def test_without_a_writable_home_the_secret_is_kept_in_the_jobs_shared_folder(store, tmp_path: Path,  # type: ignore[no-untyped-def]

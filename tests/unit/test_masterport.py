@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,50 @@ def test_rank_0_takes_the_port_over_under_the_same_seal(tmp_path: Path) -> None:
     finally:
         rank0.kill()
         rank0.wait(timeout=30)
+
+
+def test_a_node_that_meets_the_port_handed_over_joins_rank_0s_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 1 connects to node 0's hpctorch's store just before it lets go of the port (rank 0 asked
+    for it): the connection closes while node 1 waits for the authority record. That is no
+    verdict: node 1 reaches rank 0's store at the next poll and the agreement ends (on the test
+    cluster it ended the job once: 'gave no hpctorch authority record ... not this job's node 0')."""
+    import os
+
+    from hpctorch.guard import agreement
+
+    ports = (free_port(), free_port())
+    node0 = masterport.settle(_plan(0, ports))
+    folder = tmp_path / "node"
+    folder.mkdir(mode=0o700)
+    env = {**os.environ, **masterport.hand_over(str(folder), node0.run_id, 60)}
+    (tmp_path / "plan.json").write_text(node0.to_json())
+    started: list[subprocess.Popen] = []
+    real_verify = authority.verify
+
+    def verify_once_handed_over(store, plan, timeout_s):  # type: ignore[no-untyped-def]
+        if not started:  # node 1 holds a client of hpctorch's store: now rank 0 asks for the port
+            started.append(subprocess.Popen([sys.executable, "-c", (
+                "import json, sys\n"
+                "from hpctorch.guard import agreement\n"
+                "from hpctorch.plan.types import Plan\n"
+                f"plan = Plan.from_dict(json.load(open({str(tmp_path / 'plan.json')!r})))\n"
+                "store = agreement.check(plan, 60)\n"  # rank 0's store: it serves the job from here on
+                "print('agreed', flush=True)\n"
+                "sys.stdin.read()\n")], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            deadline = time.monotonic() + 60  # a hang guard
+            while masterport.held() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not masterport.held()
+        return real_verify(store, plan, timeout_s)
+
+    monkeypatch.setattr(authority, "verify", verify_once_handed_over)
+    try:
+        assert agreement.check(replace(_plan(1, ports), master_port=node0.master_port), 60) is None
+        assert started[0].stdout is not None and started[0].stdout.readline().strip() == "agreed"
+    finally:
+        for process in started:
+            process.kill()
+            process.wait(timeout=30)
 
 
 def test_another_node_finds_node_0_without_importing_torch(tmp_path: Path) -> None:

@@ -201,7 +201,13 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
                     store = None
                 if store is not None:
                     # A store that answers but does not authenticate is someone else's: no waiting it out.
-                    store = authority.sealed(store, plan, max(1.0, deadline - time.monotonic()), serve=False)
+                    # One that closes the connection first says nothing: node 0's hpctorch hands the
+                    # port to rank 0's store (start.masterport), and the next poll reaches that.
+                    try:
+                        store = authority.sealed(store, plan, max(1.0, deadline - time.monotonic()), serve=False)
+                    except authority.StoreGone:
+                        store = None
+                if store is not None:
                     try:
                         _publish(store, plan.node_rank, mine)
                     except Exception:  # noqa: BLE001 - gone again: keep waiting

@@ -35,6 +35,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
+from .. import storeclient
 from ..errors import HpctorchError
 from ..host.folders import private_dir, replace_file, sweep, why_unsafe
 from ..plan.types import Plan
@@ -52,6 +53,18 @@ SECRET_TEXT = re.compile(r"[0-9a-f]{64}")
 
 class AuthError(HpctorchError):
     """A record, or node 0 itself, did not authenticate: one line, what was found."""
+
+
+class StoreGone(AuthError):
+    """The store closed the connection before its record was read: no verdict on who serves it.
+    Node 0's hpctorch hands its port over to rank 0's store (``start.masterport``), so a node
+    that connected a moment before meets a closed connection, and tries again."""
+
+
+def _lost(exc: BaseException) -> bool:
+    """A connection that failed or was closed (torch's DistNetworkError, our client's StoreLost),
+    as against a record that did not come in time."""
+    return isinstance(exc, (ConnectionError, storeclient.StoreLost)) or type(exc).__name__ == "DistNetworkError"
 
 
 class Seal:
@@ -210,8 +223,11 @@ def verify(store, plan: Plan, timeout_s: float) -> Seal:  # type: ignore[no-unty
     except (ValueError, TypeError):
         raise AuthError(f"node 0's store at {where} holds no readable hpctorch authority record", _FIX) from None
     except Exception as exc:  # noqa: BLE001 - torch's and our client's timeouts differ in kind
+        if _lost(exc):
+            raise StoreGone(f"node 0's store at {where} closed the connection before its authority record was read "
+                            f"({_first_line(exc)})", "try again: the store may be moving to rank 0's process") from None
         raise AuthError(f"the store at {where} gave no hpctorch authority record within {timeout_s:.0f} s "
-                        f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): it is not this job's node 0",
+                        f"({_first_line(exc)}): it is not this job's node 0",
                         _FIX) from None
     bound = binding(plan)
     by = token.get("by") if isinstance(token, dict) else None
@@ -226,6 +242,10 @@ def verify(store, plan: Plan, timeout_s: float) -> Seal:  # type: ignore[no-unty
     else:
         raise AuthError(f"the authority record at {where} names no known mechanism ({by!r})", _FIX)
     return seal
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def sealed(store, plan: Plan, timeout_s: float, serve: bool) -> SealedStore:  # type: ignore[no-untyped-def]

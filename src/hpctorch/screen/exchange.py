@@ -99,7 +99,10 @@ def connect(plan: Plan, timeout_s: float, serve: bool | None = None, what: str =
             except Exception:  # noqa: BLE001 - not up yet, or gone again
                 reached = None
             if reached is not None:  # a store that does not authenticate is someone else's: no waiting it out
-                return authority.sealed(reached, plan, max(1.0, deadline - time.monotonic()), serve=False)
+                try:
+                    return authority.sealed(reached, plan, max(1.0, deadline - time.monotonic()), serve=False)
+                except authority.StoreGone:
+                    pass  # closed before its record was read: no verdict, the next poll
         time.sleep(pause)
         pause = min(pause * 1.5, POLL_MAX_S)
     raise HpctorchError(f"could not reach node 0's store at {plan.master_addr}:{plan.master_port} for {what} within {timeout_s:.0f} s",
