@@ -47,9 +47,14 @@ def _psutil_start() -> float:
 
 
 def mark(stage: str) -> None:
-    """This process finished ``stage`` now (kept only with --timings)."""
-    if enabled:
-        _marks.append((stage, round(time.time() - start_time(), 3)))
+    """This process finished ``stage`` now: for the closing goodput always (a few per run), for
+    the workers' table with --timings."""
+    _marks.append((stage, round(time.time() - start_time(), 3)))
+
+
+def marks() -> list[tuple[str, float]]:
+    """This process's stages so far: (stage, seconds since it started)."""
+    return list(_marks)
 
 
 def worker_env(node: int, host: str) -> dict[str, str]:

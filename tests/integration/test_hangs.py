@@ -4,6 +4,7 @@ when a rank dies. The 2-node versions are in tests/cluster/test_hangs_cluster.py
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -12,8 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
+
+from hpctorch.guard.timeline import render
 
 from ..conftest import ROOT, clean_env, hpctorch
 
@@ -120,6 +124,31 @@ def test_a_stall_is_dumped_once_and_the_job_goes_on(job_factory) -> None:  # typ
     assert re.search(r"  rank 3 \(.*\): stuck_here hang\.py:\d+", text[hang:]), text
     assert text[:hang].count("rank ") >= 4  # every rank's "ready" came before: no dump during the start
     assert job.process.poll() is None
+
+
+@pytest.mark.parametrize("nodes", [(), ("--simulate-nodes", "2")], ids=["one-node", "two-nodes"])
+def test_a_stall_that_ends_is_said_in_the_goodput_and_drawn(job_factory, tmp_path: Path, nodes: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    # The hang ends once the stall was said (an event, not a window): the job finishes, and its
+    # goodput takes the stall out of training (one node: the watch beside the workers; several:
+    # node 0's judge), says it, and the figures still add up to the wall time.
+    summary, go_on = tmp_path / "summary.json", tmp_path / "go-on"
+    job = job_factory(*nodes, "--nproc-per-node", "2", "--stall-timeout", "3", "--summary-json", str(summary),
+                      HANG_UNTIL_FILE=str(go_on), TORCH_CPP_LOG_LEVEL="ERROR")
+    job.wait_for(r"no rank wrote any output for 3 s \(--stall-timeout\); the job goes on")
+    go_on.touch()
+    assert job.process.wait(timeout=HANG_GUARD_S) == 0, "".join(job.output)[-3000:]
+    goodput = json.loads(summary.read_text())["goodput"]
+    assert goodput["stalls"] and all(s["to_s"] > s["from_s"] for s in goodput["stalls"]), goodput
+    assert goodput["stalled_s"] >= 3.0, goodput  # the stall said lasted the timeout, at least, after training began
+    added = goodput["start_s"] + goodput["training_s"] + goodput["stalled_s"] + sum(goodput["lost_s"])
+    assert abs(added - goodput["wall_s"]) < 1.0, goodput
+    # Node 0's stages on the way (one node: from its plan; a simulated node 0 plans nothing itself).
+    assert goodput["start_stages"] and all(0 <= s["at_s"] <= goodput["start_s"] for s in goodput["start_stages"]), goodput
+    text = "".join(job.output)
+    assert re.search(r"^hpctorch: goodput \d+%: .* to the first collective \(.+ at [\d.]+ s\); [\d.]+ s stalled in training \(\d+ stalls?\)",
+                     text, re.M), text[-3000:]
+    rows = len(json.loads(summary.read_text())["nodes"])
+    assert render(json.loads(summary.read_text())).count('class="stall"') == rows * len(goodput["stalls"])
 
 
 @pytest.mark.parametrize("starter", [(), ("--max-restarts", "1")], ids=["hpctorch-starter", "torch-agent"])

@@ -49,3 +49,15 @@ def test_bad_files_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text(json.dumps(SUMMARY))
     done = timeline(tmp_path / "run.json")
     assert done.returncode == 0 and (tmp_path / "run.html").read_text() == render(SUMMARY)
+
+
+def test_node_0s_start_stages_and_the_stalls_are_drawn() -> None:
+    goodput = {**SUMMARY["goodput"], "start_stages": [{"stage": "plan ready", "at_s": 0.5}, {"stage": "environment staged", "at_s": 1.5}],
+               "stalls": [{"from_s": 30.0, "to_s": 40.0}], "stalled_s": 10.0}
+    page = render({**SUMMARY, "goodput": goodput})
+    assert page.count('class="stall"') == 2  # over the training of each kept node's row (not the replaced one's)
+    assert "stalled: no rank wrote output from 30.0 s to 40.0 s" in page
+    # node1's start: its two stages, then the rest to its workers; the others' start is one bar.
+    assert "node1: plan ready at 0.5 s" in page and "node1: environment staged at 1.5 s" in page and "node1: 2.0 s to its workers" in page
+    assert page.count('class="start"') == 3 + 2
+    assert "10.0 s stalled in training (1 stall)" in page

@@ -48,6 +48,8 @@ class Judge:
         self.last_seen: dict[int, tuple[bytes, float]] = {}
         self.output: tuple[list[bytes], float] | None = None
         self.dumped = False
+        self.stalls: list[list[float | None]] = []
+        """Each stall judged: [since the last output, until output resumed (None: not yet)], monotonic."""
         self.movers: list[tuple[str, str]] = []
         """The spares that moved in, watched like the seats they took: (beat key, name)."""
         self.moved = 0
@@ -65,11 +67,14 @@ class Judge:
         if all(count == b"0" for count in counts):
             return None  # no rank wrote anything yet: the start (imports, rendezvous) has timeouts of its own
         if self.output is None or counts != self.output[0]:
+            if self.dumped and self.stalls:
+                self.stalls[-1][1] = now  # output resumed: that stall is over
             self.output, self.dumped = (counts, now), False
             return None
         if self.dumped or now - self.output[1] < self.stall.seconds:
             return None
         self.dumped = True
+        self.stalls.append([self.output[1], None])
         reason = f"no rank wrote any output for {self.stall.seconds:.0f} s (--stall-timeout)"
         if self.stall.kill:
             return reason

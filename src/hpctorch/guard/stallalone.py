@@ -27,6 +27,8 @@ class AloneStall:
         self.on_kill = on_kill
         self.reason: str | None = None
         self.dumps = 0
+        self.stalls: list[list[float | None]] = []
+        """Each stall: [since the last output, until output resumed (None: not yet)], monotonic."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpctorch-stall-watch", daemon=True)
 
@@ -46,11 +48,14 @@ class AloneStall:
         while not self._stop.wait(POLL_S):
             now, grown = time.monotonic(), self.watch.output_size()
             if grown != size:
+                if dumped and self.stalls:
+                    self.stalls[-1][1] = now  # output resumed: that stall is over
                 size, since, dumped = grown, now, False
                 continue
             if not size or dumped or now - since < self.watch.seconds:
                 continue  # nothing written yet: the start (imports, rendezvous) has timeouts of its own
             dumped = True
+            self.stalls.append([since, None])
             reason = f"no rank wrote any output for {self.watch.seconds:.0f} s (--stall-timeout)"
             if self.watch.kill:
                 self.reason = reason

@@ -1,7 +1,8 @@
 """``hpctorch timeline SUMMARY.json``: node 0's closing summary (``--summary-json``) drawn as one
 self-contained HTML page (inline SVG and CSS, no script, nothing fetched): a row per node, its
 start, then the job's attempts as node 0 saw them: training from each attempt's first collective,
-each failure, the time each restart lost; the hot spares that took a seat, the stragglers named."""
+each failure, the time each restart lost, the stalls (no rank wrote output: ``--stall-timeout``);
+node 0's start-up stages on its row; the hot spares that took a seat, the stragglers named."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from html import escape
 from .goodput import line as goodput_line
 
 WIDTH, LABEL, ROW, TOP = 960, 150, 26, 20
-COLOURS = {"start": "#9aa5b1", "waiting": "#d9dee3", "training": "#2e9e5b", "lost": "#e8833a", "failure": "#c62828"}
+COLOURS = {"start": "#9aa5b1", "waiting": "#d9dee3", "training": "#2e9e5b", "stall": "#f2c14e", "lost": "#e8833a", "failure": "#c62828"}
 
 
 def render(summary: Mapping[str, object]) -> str:
@@ -22,6 +23,8 @@ def render(summary: Mapping[str, object]) -> str:
     starts = summary.get("start_s") if isinstance(summary.get("start_s"), dict) else {}
     replaced = {str(n) for n in summary.get("replaced") or []}  # type: ignore[union-attr]
     attempts = [a for a in (goodput or {}).get("attempts") or [] if isinstance(a, dict)]
+    stages = [s for s in (goodput or {}).get("start_stages") or [] if isinstance(s, dict)]
+    stalls = [s for s in (goodput or {}).get("stalls") or [] if isinstance(s, dict)]
     scale = (WIDTH - LABEL - 20) / wall
     rows = []
     for index, node in enumerate(nodes):
@@ -29,11 +32,14 @@ def render(summary: Mapping[str, object]) -> str:
         shapes = [f'<text x="4" y="{y + 16}" class="label">{escape(node)}</text>']
         begun = float(starts.get(node, 0.0) or 0.0)  # type: ignore[union-attr]
         if begun:
-            shapes.append(_bar(0.0, begun, y, scale, "start", f"{node}: {begun:.1f} s to its workers"))
+            shapes += _start(node, begun, stages if index == 0 else [], y, scale)
         if node in replaced:  # when it left is not in the summary: its row says that it did
             shapes.append(f'<text x="{LABEL + begun * scale + 6:.1f}" y="{y + 16}" class="note">left the job to a hot spare</text>')
         else:
             shapes += _attempts(attempts, begun, y, scale)
+            shapes += [_bar(float(s.get("from_s") or 0.0), float(s.get("to_s") or 0.0), y, scale, "stall",
+                            f"stalled: no rank wrote output from {float(s.get('from_s') or 0.0):.1f} s to {float(s.get('to_s') or 0.0):.1f} s")
+                       for s in stalls]
         rows.append(f'<g class="row" data-node="{escape(node)}">{"".join(shapes)}</g>')
     height = TOP + len(nodes) * ROW + 40
     axis = "".join(f'<text x="{LABEL + t * scale:.1f}" y="{height - 12}" class="tick">{t:g} s</text>'
@@ -58,6 +64,19 @@ def _attempts(attempts: Sequence[Mapping], begun: float, y: int, scale: float) -
             shapes.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y + 2}" y2="{y + ROW - 4}" class="failure">'
                           f'<title>attempt {number} ended: a restart</title></line>')
         since = ended
+    return shapes
+
+
+def _start(node: str, begun: float, stages: Sequence[Mapping], y: int, scale: float) -> list[str]:
+    """The row's start: one bar, or on node 0 one per stage it marked on the way (``timings.mark``)."""
+    shapes, since = [], 0.0
+    for stage in stages:
+        at = min(float(stage.get("at_s") or 0.0), begun)
+        if at > since:
+            shapes.append(_bar(since, at, y, scale, "start", f"{node}: {stage.get('stage')} at {at:.1f} s"))
+            since = at
+    if begun > since:
+        shapes.append(_bar(since, begun, y, scale, "start", f"{node}: {begun:.1f} s to its workers"))
     return shapes
 
 
@@ -89,8 +108,8 @@ def _said(summary: Mapping[str, object], goodput: Mapping | None) -> str:
 
 
 def _legend() -> str:
-    names = {"start": "to the workers", "waiting": "to the first collective", "training": "training", "lost": "lost to a restart",
-             "failure": "an attempt ended"}
+    names = {"start": "to the workers", "waiting": "to the first collective", "training": "training", "stall": "stalled",
+             "lost": "lost to a restart", "failure": "an attempt ended"}
     return "".join(f'<span class="key"><i style="background:{COLOURS[kind]}"></i>{escape(text)}</span>' for kind, text in names.items())
 
 
@@ -109,6 +128,7 @@ body {{ font: 14px system-ui, sans-serif; margin: 24px; color: #1d2730; }}
 svg text.label {{ font-size: 13px; }} svg text.tick, svg text.note {{ font-size: 11px; fill: #52606d; }}
 rect.start {{ fill: """ + COLOURS["start"] + """; }} rect.waiting {{ fill: """ + COLOURS["waiting"] + """; }}
 rect.training {{ fill: """ + COLOURS["training"] + """; }} rect.lost {{ fill: """ + COLOURS["lost"] + """; }}
+rect.stall {{ fill: """ + COLOURS["stall"] + """; }} rect.start {{ stroke: #fff; stroke-width: 1; }}
 line.failure {{ stroke: """ + COLOURS["failure"] + """; stroke-width: 3; }}
 .key {{ margin-right: 16px; }} .key i {{ display: inline-block; width: 12px; height: 12px; margin-right: 4px; vertical-align: -1px; }}
 </style></head>

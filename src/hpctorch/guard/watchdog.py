@@ -104,6 +104,7 @@ class JobWatchdog:
         """Seconds from this node's hpctorch start to its workers' start; node 0 reads every node's."""
         self.final: dict[str, dict[int, object]] = {}
         """Node 0, once finished: each node's last state ("done" or not) and start-up seconds."""
+        self._judge: Judge | None = None
         self.stacks = stacks
         """This node's ``stacks.job.NodeStacks``: stall and teardown dumps."""
         self.stall = stall
@@ -202,6 +203,8 @@ class JobWatchdog:
             if self.plan.is_master:
                 self._linger(store)
                 self.final = self._read_final(store)
+                if self._judge is not None and self._judge.stalls:  # for the goodput: node 0's clock, as its attempts'
+                    self.final["stalls"] = {self.plan.node_rank: [list(span) for span in self._judge.stalls]}
                 if self.stragglers is not None:
                     self.final.update(self.stragglers.closing(store, bool(self.final.get("done"))))
                 if self.stacks is not None and self.stacks.teardown is not None and store.check([self.prefix + "abort"]):
@@ -300,7 +303,7 @@ class JobWatchdog:
                 store.set(f"{self.prefix}start/{self.plan.node_rank}", f"{self.startup_s:.3f}")  # once per node
             except Exception:  # noqa: BLE001 - only the closing summary misses it
                 pass
-        judge = Judge(self.plan, self.stall, self.all_up, self.spares) if self.plan.is_master else None
+        judge = self._judge = Judge(self.plan, self.stall, self.all_up, self.spares) if self.plan.is_master else None
         if self.stragglers is not None:
             try:
                 self.stragglers.announce(store)  # before this node's first beat

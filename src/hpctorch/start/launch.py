@@ -296,7 +296,8 @@ def run_per_node(
         since_start = time.time() - started
         summary = Summary.of(plan, failure.exit_code if failure else 0, since_start, watchdog.final,
                              logs, failure.line if failure else None,
-                             goodput.account(time.monotonic() - since_start, time.monotonic(), attempts.history))
+                             goodput.account(time.monotonic() - since_start, time.monotonic(), attempts.history,
+                                             timings.marks(), goodput.stalls_of(watchdog.final, stalled)))
         if not quiet:
             print("\n".join(summary.lines()), file=sys.stderr, flush=True)
         if summary_json:

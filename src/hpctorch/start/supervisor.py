@@ -269,12 +269,14 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         shutil.rmtree(os.path.dirname(logs), ignore_errors=True)
         logs = None
     if plan.is_master and (not quiet or summary_json):
-        from ..guard.goodput import account
+        from .. import timings
+        from ..guard.goodput import account, stalls_of
         from ..guard.summary import Summary
 
         since_start = time.time() - started
         summary = Summary.of(plan, failure.exit_code if failure else 0, since_start, final, logs, failure.line if failure else None,
-                             account(time.monotonic() - since_start, time.monotonic(), [attempt] if attempt else []))
+                             account(time.monotonic() - since_start, time.monotonic(), [attempt] if attempt else [],
+                                     timings.marks(), stalls_of(final, stalled)))
         if not quiet:
             print("\n".join(summary.lines()), file=sys.stderr, flush=True)
         if summary_json:
