@@ -143,7 +143,8 @@ def test_preemption_signal_reaches_every_rank_and_the_job_is_requeued(cluster: C
     markers.mkdir()
     script = job_dir / "job.sh"
     preemptible = str(Path(TOY).parent.parent / "tests" / "fixtures" / "preemptible.py")
-    script.write_text(f"#!/bin/sh\nsrun {' '.join(HPCTORCH)} run --requeue --nproc-per-node 2 {preemptible} --markers {markers}\n")
+    summary = job_dir / "summary.json"
+    script.write_text(f"#!/bin/sh\nsrun {' '.join(HPCTORCH)} run --requeue --summary-json {summary} --nproc-per-node 2 {preemptible} --markers {markers}\n")
     out = job_dir / "out.txt"
     submitted = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "sbatch", "--parsable", "--requeue", "-N2", "--ntasks-per-node=1", "-o", str(out), str(script)], timeout=30)
     job_id = submitted.stdout.strip()
@@ -179,6 +180,9 @@ def test_preemption_signal_reaches_every_rank_and_the_job_is_requeued(cluster: C
     assert cluster.wait_job(job_id) == "COMPLETED"
     shown = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env(), capture_output=True, text=True, timeout=10).stdout
     assert "Restarts=1" in shown
+    # Both runs are in the summary: the first wrote it before it requeued the job (which ends it).
+    data = json.loads(summary.read_text())
+    assert data["job"] == f"slurm {job_id}" and len(data["runs"]) == 2 and data["job_goodput"]["runs"] == 2, data
 
 
 @pytest.mark.parametrize("per_node", [1, 2])

@@ -61,3 +61,8 @@ def test_node_0s_start_stages_and_the_stalls_are_drawn() -> None:
     assert "node1: plan ready at 0.5 s" in page and "node1: environment staged at 1.5 s" in page and "node1: 2.0 s to its workers" in page
     assert page.count('class="start"') == 3 + 2
     assert "10.0 s stalled in training (1 stall)" in page
+
+
+def test_a_requeued_jobs_whole_goodput_is_said_above_its_last_run() -> None:
+    page = render({**SUMMARY, "job": "slurm 63", "job_goodput": {"runs": 3, "wall_s": 200.0, "training_s": 100.0, "share": 0.5}})
+    assert "slurm 63 over 3 runs: goodput 50%: 100.0 s training of 200.0 s (this page: the last run)" in page

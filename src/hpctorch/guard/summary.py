@@ -4,8 +4,10 @@ straggler watch's per-rank table of time inside collectives."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..median import median as median_of
 from ..plan.types import Plan
@@ -33,6 +35,10 @@ class Summary:
     """Each straggler the watch named during the run, with its evidence and rule (``Straggler.evidence``)."""
     goodput: Mapping[str, object] | None = None
     """Where the time went (``goodput.account``): to the first collective, training, lost to each restart."""
+    job: str = ""
+    """The scheduler's job (``slurm 63``), if any: a requeued job's runs add up in one ``--summary-json`` file."""
+    earlier: tuple[dict, ...] = ()
+    """The same job's earlier runs (a requeue), as that file kept them (``after``)."""
 
     @classmethod
     def of(cls, plan: Plan, exit_code: int, wall_s: float, final: Mapping[str, Mapping[int, object]],
@@ -43,12 +49,40 @@ class Summary:
         return cls(exit_code, wall_s, tuple(names), tuple(n for n, ok in sorted(done.items()) if ok),
                    {int(n): float(s) for n, s in (final.get("start_s") or {}).items()}, logs, failure,  # type: ignore[arg-type]
                    tuple(ranks), tuple(sorted(int(n) for n in (final.get("replaced") or {}))),
-                   tuple(v for v in (final.get("stragglers_named") or ()) if isinstance(v, dict)), goodput)
+                   tuple(v for v in (final.get("stragglers_named") or ()) if isinstance(v, dict)), goodput,
+                   f"{plan.scheduler} {plan.job_id}" if plan.job_id else "")
+
+    def after(self, path: str) -> "Summary":
+        """This run, after the same job's earlier runs that ``path`` (the last run's ``--summary-json``,
+        this user's own file) holds: a job requeued (``run --requeue``, a preemption) adds up there."""
+        if not self.job:
+            return self
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, encoding="utf-8") as source:
+                if os.fstat(source.fileno()).st_uid != os.getuid():
+                    return self  # not written by this user: nothing in it is this job's
+                data = json.load(source)
+        except (OSError, ValueError):
+            return self
+        if not isinstance(data, dict) or data.get("job") != self.job:
+            return self
+        runs = data["runs"] if isinstance(data.get("runs"), list) else [_run(data)]
+        return replace(self, earlier=tuple(run for run in runs if isinstance(run, dict)))
 
     def lines(self) -> list[str]:
         """The closing line, the goodput, the stragglers named during the run (each with its
         evidence), then the per-rank table of time inside collectives where measured."""
-        return [self.line(), *([goodput_line(dict(self.goodput))] if self.goodput else []), *named(self.stragglers_named), *table(self.ranks)]
+        return [self.line(), *([goodput_line(dict(self.goodput))] if self.goodput else []), *self._across(),
+                *named(self.stragglers_named), *table(self.ranks)]
+
+    def _across(self) -> list[str]:
+        """With earlier runs of the job: its goodput over all of them."""
+        if not self.earlier:
+            return []
+        whole = across([*self.earlier, _run(asdict(self))])
+        return [f"hpctorch: {self.job} over {whole['runs']} runs ({len(self.earlier)} before this one): goodput {whole['share']:.0%}: "
+                f"{whole['training_s']:.1f} s training of {whole['wall_s']:.1f} s"]
 
     def line(self) -> str:
         if self.exit_code == 0:
@@ -84,9 +118,37 @@ class Summary:
         data["ranks"] = list(self.ranks)
         data["stragglers_named"] = list(self.stragglers_named)
         data["goodput"] = dict(self.goodput) if self.goodput else None
+        del data["earlier"]
+        if self.earlier:
+            data["runs"] = [*self.earlier, _run(data)]
+            data["job_goodput"] = across(data["runs"])
         with open(path, "w", encoding="utf-8") as out:
             json.dump(data, out, indent=2)
             out.write("\n")
+
+
+def _run(data: Mapping[str, object]) -> dict[str, object]:
+    """One run of a job, as the next run's file keeps it."""
+    return {"wall_s": data.get("wall_s"), "exit_code": data.get("exit_code"), "goodput": data.get("goodput")}
+
+
+def across(runs: Sequence[Mapping[str, object]]) -> dict[str, object]:
+    """A job's goodput over its runs: their wall time and training added up."""
+    wall = sum(float(run.get("wall_s") or 0.0) for run in runs)  # type: ignore[arg-type]
+    training = sum(float((run.get("goodput") or {}).get("training_s") or 0.0) for run in runs  # type: ignore[union-attr]
+                   if isinstance(run.get("goodput"), dict))
+    return {"runs": len(runs), "wall_s": round(wall, 3), "training_s": round(training, 3), "share": round(training / wall, 4) if wall else 0.0}
+
+
+def report(summary: Summary, quiet: bool, path: str | None) -> None:
+    """Node 0's closing words: printed unless ``quiet``, and written to ``path`` (``--summary-json``)
+    after the same job's earlier runs there."""
+    if path:
+        summary = summary.after(path)
+    if not quiet:
+        print("\n".join(summary.lines()), file=sys.stderr, flush=True)
+    if path:
+        summary.write_json(path)
 
 
 def per_rank(totals: Mapping[int, Mapping[int, Sequence[float]]], plan: Plan) -> list[dict]:

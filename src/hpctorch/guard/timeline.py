@@ -102,6 +102,10 @@ def _title(summary: Mapping[str, object]) -> str:
 
 def _said(summary: Mapping[str, object], goodput: Mapping | None) -> str:
     lines = [goodput_line(dict(goodput)).removeprefix("hpctorch: ")] if goodput else ["no collective completed: nothing trained"]
+    whole = summary.get("job_goodput")
+    if isinstance(whole, dict) and whole.get("runs"):
+        lines.append(f"{summary.get('job')} over {whole.get('runs')} runs: goodput {float(whole.get('share') or 0):.0%}: "
+                     f"{float(whole.get('training_s') or 0):.1f} s training of {float(whole.get('wall_s') or 0):.1f} s (this page: the last run)")
     if summary.get("failure"):
         lines.append(f"failed: {summary['failure']}")
     return "".join(f"<p>{escape(text)}</p>" for text in lines)

@@ -226,6 +226,7 @@ def run_per_node(
         watchdog.start()
     preempted = _forward_preemption_to_children()
     failure: WorkersFailed | None = None
+    requeue_after = False  # the workers ended, preempted or not: requeued once the summary is out (the requeue ends this process)
     try:
         command = worker_command(plan.command, any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS")))
         elastic_launch(config, command[0])(*command[1:])
@@ -234,7 +235,7 @@ def run_per_node(
         where = first.error_file if os.path.exists(first.error_file) else (log_dir or "its output above")
         failure = failure_line(plan, rank, first.local_rank, first.exitcode, where)
         watchdog.report_failure(failure.line)
-        requeue_if_preempted(plan, preempted, requeue)
+        requeue_after = True
     except NoProgress as exc:
         watchdog.report_failure(f"node {plan.node_rank}: {exc.line().removeprefix('stopped: ')}")
         failure = WorkersFailed(exc.line(), exit_code=EXIT_NO_PROGRESS)
@@ -273,7 +274,7 @@ def run_per_node(
         ) from None
     else:
         watchdog.finished()
-        requeue_if_preempted(plan, preempted, requeue)
+        requeue_after = True
     finally:
         if alone is not None:
             watchdog.final.update(alone.stop())  # type: ignore[arg-type]
@@ -291,21 +292,20 @@ def run_per_node(
         logs = None
     if plan.is_master and (summary_json or not quiet):
         from ..guard import goodput
-        from ..guard.summary import Summary
+        from ..guard.summary import Summary, report
 
         since_start = time.time() - started
         summary = Summary.of(plan, failure.exit_code if failure else 0, since_start, watchdog.final,
                              logs, failure.line if failure else None,
                              goodput.account(time.monotonic() - since_start, time.monotonic(), attempts.history,
                                              timings.marks(), goodput.stalls_of(watchdog.final, stalled)))
-        if not quiet:
-            print("\n".join(summary.lines()), file=sys.stderr, flush=True)
-        if summary_json:
-            summary.write_json(summary_json)
+        report(summary, quiet, summary_json)
     if plan.rdzv_backend == "file" and plan.is_master:
         from .filestore import remove
 
         remove(plan.rdzv_conf["path"], plan.run_id, workers_only=failure is None)  # a failed run's stores would confuse the next one
+    if requeue_after:
+        requeue_if_preempted(plan, preempted, requeue)
     if failure is not None:
         raise failure
 

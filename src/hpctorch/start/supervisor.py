@@ -263,7 +263,6 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         if straggle_dir:
             shutil.rmtree(straggle_dir, ignore_errors=True)
     output.drain()
-    requeue_if_preempted(plan, preempted, requeue)
     logs: str | None = os.path.dirname(root)
     if log_dir is None and failure is None:  # a temporary folder nobody asked for: the console had it all
         shutil.rmtree(os.path.dirname(logs), ignore_errors=True)
@@ -271,16 +270,14 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     if plan.is_master and (not quiet or summary_json):
         from .. import timings
         from ..guard.goodput import account, stalls_of
-        from ..guard.summary import Summary
+        from ..guard.summary import Summary, report
 
         since_start = time.time() - started
         summary = Summary.of(plan, failure.exit_code if failure else 0, since_start, final, logs, failure.line if failure else None,
                              account(time.monotonic() - since_start, time.monotonic(), [attempt] if attempt else [],
                                      timings.marks(), stalls_of(final, stalled)))
-        if not quiet:
-            print("\n".join(summary.lines()), file=sys.stderr, flush=True)
-        if summary_json:
-            summary.write_json(summary_json)
+        report(summary, quiet, summary_json)
+    requeue_if_preempted(plan, preempted, requeue)  # after the summary: the requeue ends this process (its scheduler's SIGTERM)
     if failure is not None:
         raise failure
 
