@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 import subprocess
 import time
 from pathlib import Path
@@ -106,6 +107,29 @@ def test_max_restarts_restarts_every_node_and_gives_up_in_one_line(cluster: Clus
     done = cluster.run("node1", elastic, timeout=240)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert {json.loads(line.split("REPORT ", 1)[1])["rank_sum"] for line in done.stdout.splitlines() if "REPORT " in line} == {6.0}
+
+
+def test_twenty_restarts_in_a_row_are_each_clean(cluster: Cluster, job_dir: Path) -> None:
+    """#43: no byte of an old attempt reaches a new one. Rank 3 (node2) dies after its first
+    collective in every attempt while its peers are inside their next ones; each of the 21
+    attempts meets whole (4 ranks, the right sum) until the restarts are used up, and the job
+    ends on rank 3's exit, never on a gloo error of a new worker that met an old one."""
+    report = str(ROOT / "tests" / "fixtures" / "report.py")
+    srun = ("sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+            *HPCTORCH, "run", "--max-restarts", "20", "--nproc-per-node", "2", report, "--init", "--brief",
+            "--collectives", "600", "--crash-rank", "3")
+    done = cluster.run("node1", srun, timeout=600)
+    met = re.findall(r"READY rank=(\d) host=\S+ sum=(\d+) attempt=(\d+)", done.stdout)
+    # Every rank in every attempt, each in a 4-rank all_reduce (0+1+2+3). Node2 restarts for its
+    # own failure each time (its count is the attempt's); node1, restarted by its peer's, keeps a
+    # lower count (torch's agent counts only its own failures).
+    assert {total for _rank, total, _attempt in met} == {"6"}, met
+    assert sorted(Counter(rank for rank, _total, _attempt in met).items()) == [(r, 21) for r in "0123"], (met, done.stderr[-3000:])
+    assert sorted({int(attempt) for rank, _total, attempt in met if rank in "23"}) == list(range(21)), met
+    assert done.returncode != 0
+    assert "rank 3 on node 1 (node2) (local rank 1) exited with code 3" in done.stderr, done.stderr[-3000:]
+    for broken in ("doesn't match", "rendezvous at"):
+        assert broken not in done.stderr, done.stderr[-3000:]
 
 
 def test_interface_trap_fails_fast_on_the_management_net_and_passes_on_the_fabric(cluster: Cluster, job_dir: Path) -> None:
