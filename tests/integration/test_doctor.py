@@ -42,6 +42,21 @@ def test_a_busy_master_port_is_named_with_its_holder() -> None:
     assert "ok: every check passed" not in done.stdout
 
 
+def test_a_store_that_is_not_this_jobs_node_0_is_named_not_trusted() -> None:
+    """Another user's store holds node 0's port: node 0 cannot serve, and node 1, which reaches
+    that store, does not take its records as the job's (guard/authority): it says so."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    squatter = TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60), wait_for_workers=False)
+    done = hpctorch("doctor", "--simulate-nodes", "2", "--master-port", str(squatter.port), "--timeout", "40",
+                    env=clean_env(), timeout=120)  # hang guard
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL node 1 (" in done.stdout and "node 0's port answers, and does not authenticate: " in done.stdout, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
 def test_a_node_that_cannot_plan_says_why() -> None:
     done = hpctorch("doctor", "--nnodes", "2", "--node-rank", "1", "--master-port", "1234", "--iface", "nosuch0", env=clean_env(), timeout=60)
     assert done.returncode == 1

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from ..errors import HpctorchError
-from ..guard import agreement
+from ..guard import agreement, authority
 from ..guard.sharedfiles import BeatingFiles
 from ..host import network
 from ..host.facts import resolve
@@ -70,7 +70,9 @@ class ProbeListener:
 
 
 class Meeting:
-    """The two channels every node publishes through: node 0's store and shared files."""
+    """The two channels every node publishes through: node 0's store and shared files. The store
+    is authenticated as this job's node 0 and its records sealed (``guard.authority``): what a
+    node reports, and node 0's go and exit, are this job's own."""
 
     PREFIX = "hpctorch/doctor/"
 
@@ -79,6 +81,8 @@ class Meeting:
         self.store = None
         self.not_a_store = False
         self.serve_error: str | None = None
+        self.auth_error: str | None = None
+        """Why the store at node 0's port is not this job's node 0 (it answered, and did not authenticate)."""
         self.files = BeatingFiles(_doctor_dir(plan), plan.node_rank, {})
 
     def open(self) -> None:
@@ -89,7 +93,8 @@ class Meeting:
             try:
                 # The store's own client goes through loopback: whether the master address
                 # answers is probed separately, like from every other node.
-                self.store = agreement.open_store(replace(self.plan, master_addr="127.0.0.1"), PROBE_TIMEOUT_S * 2)
+                served = agreement.open_store(replace(self.plan, master_addr="127.0.0.1"), PROBE_TIMEOUT_S * 2)
+                self.store = authority.sealed(served, self.plan, PROBE_TIMEOUT_S * 2, serve=True)
             except Exception as exc:  # noqa: BLE001 - torch raises several kinds here
                 self.serve_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
@@ -116,8 +121,13 @@ class Meeting:
 
     def _connect(self):  # type: ignore[no-untyped-def]
         try:
-            return agreement.open_store(self.plan, PROBE_TIMEOUT_S)
+            reached = agreement.open_store(self.plan, PROBE_TIMEOUT_S)
         except Exception:  # noqa: BLE001
+            return None
+        try:
+            return authority.sealed(reached, self.plan, PROBE_TIMEOUT_S, serve=False)
+        except authority.AuthError as exc:
+            self.auth_error = exc.cause
             return None
 
     def put(self, kind: str, value: object) -> None:
@@ -143,8 +153,10 @@ class Meeting:
                     for n in nodes:
                         key = f"{self.PREFIX}{kind}/{n}"
                         if self.store.check([key]):
-                            found[n] = json.loads(self.store.get(key))
-                            via_store.add(n)
+                            value = self.store.opened([key])[0]
+                            if value is not None:  # else planted: not this job's node n
+                                found[n] = json.loads(value)
+                                via_store.add(n)
                 except Exception:  # noqa: BLE001 - node 0 went away
                     self.store = None
             on_store = want_store and self.store is not None and not self.not_a_store
@@ -159,7 +171,9 @@ class Meeting:
             if self.store is not None:
                 try:
                     if self.store.check([self.PREFIX + key]):
-                        return self.store.get(self.PREFIX + key).decode()
+                        value = self.store.opened([self.PREFIX + key])[0]
+                        if value is not None:  # else planted: waited for as if absent
+                            return value.decode()
                 except Exception:  # noqa: BLE001
                     self.store = None
             master_file = self.files.read_live().get(0, {})
@@ -208,7 +222,7 @@ def _collective(backend: str, plan: Plan, store, timeout_s: float) -> dict[str, 
         device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
         if backend == "nccl":
             torch.cuda.set_device(device)
-        prefixed = dist.PrefixStore(f"hpctorch/doctor/{backend}", store)
+        prefixed = dist.PrefixStore(f"hpctorch/doctor/{backend}", authority.plain(store))  # torch's own keys
         dist.init_process_group(backend, store=prefixed, rank=plan.node_rank, world_size=plan.nnodes,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         value = torch.full((4,), float(plan.node_rank + 1), device=device)
@@ -255,6 +269,7 @@ def examine(plan: Plan, env: Mapping[str, str], timeout_s: float, json_path: str
                 reach["master_host"] = network.connect(plan.master_addr, int(master_hello["probe_port"]), PROBE_TIMEOUT_S)
         report["reach"] = reach
         report["store"] = meeting.store is not None
+        report["store_auth_error"] = meeting.auth_error
         _collectives(plan, meeting, report, via_store, hello_until, final)
         meeting.put("report", report)
         if not plan.is_master:

@@ -90,6 +90,10 @@ def _node_verdicts(report: Report, master: Report | None, reports: Mapping[int, 
     elif report.get("serve_error"):
         found.append(Verdict("fail", f"{who}: cannot serve the rendezvous store on port {report['master']['port']}: "  # type: ignore[index]
                              f"{report['serve_error']}", "pass another --master-port; see the other verdicts"))
+    if report.get("store_auth_error"):
+        found.append(Verdict("fail", f"{who}: node 0's port answers, and does not authenticate: {report['store_auth_error']}",
+                             "if another user shares these nodes, ask them to stop; hpctorch starts the job on its next port "
+                             "(or pass another --master-port)"))
     found.extend(_container_verdicts(report))
     reach = report.get("reach") or {}
     to_master = reach.get("master")  # type: ignore[union-attr]
