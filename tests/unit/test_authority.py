@@ -196,3 +196,30 @@ def test_a_credential_made_by_another_uid_is_refused(store, munged: str) -> None
     with pytest.raises(AuthError, match=f"served by another user \\(MUNGE says uid 65534, this job runs as uid {os.getuid()}\\)"):
         authority.verify(store, _plan(1, store.port), 5)
 
+
+
+def test_munge_starts_beside_a_thread_that_sets_variables() -> None:
+    """The watchdog's thread runs unmunge while the main one may set environment variables: a
+    program started with the inherited environment then failed to exec ('Bad address', once on
+    the cluster; about a quarter of starts here). Started with a copy of its own, none fails."""
+    import threading
+
+    stop = threading.Event()
+
+    def set_variables() -> None:
+        number = 0
+        while not stop.is_set():
+            os.environ[f"HPCTORCH_TEST_STORM_{number % 200}"] = "x" * (number % 64)
+            os.environ.pop(f"HPCTORCH_TEST_STORM_{(number * 7) % 200}", None)
+            number += 1
+
+    setter = threading.Thread(target=set_variables, daemon=True)
+    setter.start()
+    try:
+        for _ in range(200):
+            assert authority._run(["cat"], "same").stdout == "same"  # AuthError ('could not run: Bad address') before
+    finally:
+        stop.set()
+        setter.join(timeout=30)
+        for name in [n for n in os.environ if n.startswith("HPCTORCH_TEST_STORM_")]:
+            del os.environ[name]

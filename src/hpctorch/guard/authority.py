@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from .. import storeclient
 from ..errors import HpctorchError
 from ..host.folders import private_dir, replace_file, sweep, why_unsafe
+from ..host.processes import own_environment
 from ..plan.types import Plan
 
 MAC_HEX = 32
@@ -342,7 +343,8 @@ def _accept_munge(credential: str, bound: str, run_id: str, where: str) -> Seal:
 
 def _run(argv: list[str], stdin: str) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=MUNGE_TIMEOUT_S)
+        # From the watchdog's thread too: with an environment of its own (own_environment says why).
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=MUNGE_TIMEOUT_S, env=own_environment())
     except subprocess.TimeoutExpired:
         raise AuthError(f"{os.path.basename(argv[0])} did not answer within {MUNGE_TIMEOUT_S:.0f} s (is munged running?)",
                         _FIX) from None

@@ -285,8 +285,9 @@ class JobWatchdog:
                 self._seal = verify(store, bound, self.connect_timeout_s)
                 return True
             except AuthError as exc:
-                # Spawning unmunge from this thread while torch's agent starts its workers failed
-                # once on the cluster ("Bad address"): a tool's failure is tried again.
+                # A tool's failure is tried again: unmunge started from this thread once failed to
+                # exec on the cluster ("Bad address", an environment moved by another thread: now
+                # started with its own, host.processes.own_environment); a busy munged may be slow.
                 if attempt + 1 < AUTH_TRIES and not self._stop.wait(POLL_S * (attempt + 1)):
                     continue
                 print(f"hpctorch: node {self.plan.node_rank}'s workers run unwatched: {exc.line()}", file=sys.stderr, flush=True)

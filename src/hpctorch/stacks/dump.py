@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..host.folders import stack_file
-from ..host.processes import alive
+from ..host.processes import alive, own_environment
 from ..host.signals import STACK_SIGNAL
 
 METHODS = ("auto", "py-spy", "faulthandler")
@@ -106,7 +106,8 @@ def _one(worker: Worker, method: str, deadline: float, native: bool) -> RankStac
 def _by_py_spy(tool: str, worker: Worker, deadline: float, native: bool) -> RankStack:
     command = [tool, "dump", "--pid", str(worker.pid), "--json", *(["--native"] if native else [])]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=max(0.2, deadline - time.monotonic()))
+        done = subprocess.run(command, capture_output=True, text=True, timeout=max(0.2, deadline - time.monotonic()),
+                              env=own_environment())  # from the watchdog's threads: own_environment says why
     except subprocess.TimeoutExpired:
         return RankStack(worker, method="py-spy", note="py-spy timed out")
     except OSError as exc:
