@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 
 from .. import storeclient
 from ..errors import HpctorchError
-from ..host.folders import private_dir, replace_file, sweep, why_unsafe
+from ..host.folders import private_dir, read_without_link, replace_file, sweep, why_unsafe
 from ..host.processes import own_environment
 from ..plan.types import Plan
 
@@ -172,19 +172,12 @@ def hand_secret(run_id: str, path: str) -> None:
 def _handed_secret(path: str) -> bytes | None:
     """The secret in ``path`` if it is this user's alone and holds one; else None (a new one is made)."""
     try:
-        facts, text = _read_secret_at(path)
+        facts, text = read_without_link(path)
     except OSError:
         return None
-    if facts.st_uid != os.getuid() or facts.st_mode & 0o077 or not SECRET_TEXT.fullmatch(text):
+    if facts.st_uid != os.getuid() or facts.st_mode & 0o077 or not SECRET_TEXT.fullmatch(text.strip()):
         return None
-    return bytes.fromhex(text)
-
-
-def _read_secret_at(path: str) -> tuple[os.stat_result, str]:
-    """A secret file's owner and mode, and its text, read without following a link."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd) as handle:
-        return os.fstat(handle.fileno()), handle.read().strip()
+    return bytes.fromhex(text.strip())
 
 
 def binding(plan: Plan) -> str:
@@ -400,7 +393,7 @@ def _read_secret_file(plan: Plan, name: str, timeout_s: float, where: str) -> by
         if unsafe:
             raise AuthError(f"this job's secret folder {folder} cannot be trusted: {unsafe}", _FIX)
         try:
-            facts, text = _read_secret_at(path)
+            facts, text = read_without_link(path)
         except FileNotFoundError:
             if time.monotonic() >= deadline:
                 raise AuthError(f"node 0 at {where} is not authenticated: no MUNGE credential, and its secret file {path} did "
@@ -412,8 +405,8 @@ def _read_secret_file(plan: Plan, name: str, timeout_s: float, where: str) -> by
         if facts.st_uid != os.getuid() or facts.st_mode & 0o077:
             raise AuthError(f"this job's secret file {path} is not this user's alone (owner uid {facts.st_uid}, mode "
                             f"{facts.st_mode & 0o777:o})", _FIX)
-        if SECRET_TEXT.fullmatch(text):
-            return bytes.fromhex(text)
+        if SECRET_TEXT.fullmatch(text.strip()):
+            return bytes.fromhex(text.strip())
         if time.monotonic() >= deadline:
             raise AuthError(f"this job's secret file {path} holds no secret", _FIX)
         time.sleep(pause)  # being replaced this moment

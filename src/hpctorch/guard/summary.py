@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+from ..host.folders import read_without_link
 from ..median import median as median_of
 from ..plan.types import Plan
 from ..schedulers import hostlist
@@ -58,11 +59,10 @@ class Summary:
         if not self.job:
             return self
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, encoding="utf-8") as source:
-                if os.fstat(source.fileno()).st_uid != os.getuid():
-                    return self  # not written by this user: nothing in it is this job's
-                data = json.load(source)
+            facts, text = read_without_link(path)
+            if facts.st_uid != os.getuid():
+                return self  # not written by this user: nothing in it is this job's
+            data = json.loads(text)
         except (OSError, ValueError):
             return self
         if not isinstance(data, dict) or data.get("job") != self.job:

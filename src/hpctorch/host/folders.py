@@ -92,6 +92,13 @@ def create_private_file(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
 
 
+def read_without_link(path: str) -> tuple[os.stat_result, str]:
+    """A file's owner and mode, and its text, read without following a link (OSError else)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, encoding="utf-8") as handle:
+        return os.fstat(handle.fileno()), handle.read()
+
+
 def replace_file(path: str, text: str) -> None:
     """``path`` replaced whole: a new file (0600, never through a link) renamed over it, so a
     reader sees the old text or the new one, never a part."""
