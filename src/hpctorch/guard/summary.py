@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
@@ -13,6 +14,7 @@ from ..host.folders import read_without_link
 from ..median import median as median_of
 from ..plan.types import Plan
 from ..schedulers import hostlist
+from .goodput import Attempt, account, stalls_of
 from .goodput import line as goodput_line
 from .stragglers import SHOWN_RANKS, node_name
 
@@ -140,9 +142,17 @@ def across(runs: Sequence[Mapping[str, object]]) -> dict[str, object]:
     return {"runs": len(runs), "wall_s": round(wall, 3), "training_s": round(training, 3), "share": round(training / wall, 4) if wall else 0.0}
 
 
-def report(summary: Summary, quiet: bool, path: str | None) -> None:
-    """Node 0's closing words: printed unless ``quiet``, and written to ``path`` (``--summary-json``)
-    after the same job's earlier runs there."""
+def report(plan: Plan, started: float, final: Mapping[str, Mapping[int, object]], logs: str | None, exit_code: int,
+           failure: str | None, attempts: Sequence[Attempt], alone: object, quiet: bool, path: str | None) -> None:
+    """Node 0's closing words, whichever starter ran the workers, for a run that began at ``started``
+    (epoch): the summary, with the goodput of its ``attempts``, node 0's stages (``timings``) and
+    stalls (its judge's in ``final``, or on one node ``alone``'s), printed unless ``quiet`` and
+    written to ``path`` (``--summary-json``) after the same job's earlier runs there."""
+    from .. import timings
+
+    since_start, now = time.time() - started, time.monotonic()
+    goodput = account(now - since_start, now, attempts, timings.marks(), stalls_of(final, alone))
+    summary = Summary.of(plan, exit_code, since_start, final, logs, failure, goodput)
     if path:
         summary = summary.after(path)
     if not quiet:

@@ -291,15 +291,10 @@ def run_per_node(
         shutil.rmtree(logs, ignore_errors=True)  # torch's temporary folder, nobody asked for it: the console had it all
         logs = None
     if plan.is_master and (summary_json or not quiet):
-        from ..guard import goodput
-        from ..guard.summary import Summary, report
+        from ..guard.summary import report
 
-        since_start = time.time() - started
-        summary = Summary.of(plan, failure.exit_code if failure else 0, since_start, watchdog.final,
-                             logs, failure.line if failure else None,
-                             goodput.account(time.monotonic() - since_start, time.monotonic(), attempts.history,
-                                             timings.marks(), goodput.stalls_of(watchdog.final, stalled)))
-        report(summary, quiet, summary_json)
+        report(plan, started, watchdog.final, logs, failure.exit_code if failure else 0, failure.line if failure else None,
+               attempts.history, stalled, quiet, summary_json)
     if plan.rdzv_backend == "file" and plan.is_master:
         from .filestore import remove
 

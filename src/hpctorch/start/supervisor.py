@@ -268,15 +268,10 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         shutil.rmtree(os.path.dirname(logs), ignore_errors=True)
         logs = None
     if plan.is_master and (not quiet or summary_json):
-        from .. import timings
-        from ..guard.goodput import account, stalls_of
-        from ..guard.summary import Summary, report
+        from ..guard.summary import report
 
-        since_start = time.time() - started
-        summary = Summary.of(plan, failure.exit_code if failure else 0, since_start, final, logs, failure.line if failure else None,
-                             account(time.monotonic() - since_start, time.monotonic(), [attempt] if attempt else [],
-                                     timings.marks(), stalls_of(final, stalled)))
-        report(summary, quiet, summary_json)
+        report(plan, started, final, logs, failure.exit_code if failure else 0, failure.line if failure else None,
+               [attempt] if attempt else [], stalled, quiet, summary_json)
     requeue_if_preempted(plan, preempted, requeue)  # after the summary: the requeue ends this process (its scheduler's SIGTERM)
     if failure is not None:
         raise failure
