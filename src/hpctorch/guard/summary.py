@@ -82,7 +82,7 @@ class Summary:
         """With earlier runs of the job: its goodput over all of them."""
         if not self.earlier:
             return []
-        whole = across([*self.earlier, _run(asdict(self))])
+        whole = across([*self.earlier, _run({"wall_s": self.wall_s, "exit_code": self.exit_code, "goodput": self.goodput})])
         return [f"hpctorch: {self.job} over {whole['runs']} runs ({len(self.earlier)} before this one): goodput {whole['share']:.0%}: "
                 f"{whole['training_s']:.1f} s training of {whole['wall_s']:.1f} s"]
 
