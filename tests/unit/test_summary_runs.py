@@ -45,6 +45,17 @@ def test_each_run_of_a_requeued_job_keeps_the_earlier_ones_and_says_the_whole(tm
     assert data["goodput"]["training_s"] == 0.0 and data["job"] == "slurm 63"  # this run's own figures stay as they were
 
 
+def test_runs_of_another_shape_in_the_file_are_left_out(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    _run(100.0, 60.0).write_json(str(path))
+    data = json.loads(path.read_text())
+    data["runs"] = [{"wall_s": "x"}, {"wall_s": 10.0, "goodput": {"training_s": "y"}}, "text", {"wall_s": 20.0, "goodput": None}]
+    path.write_text(json.dumps(data))
+    run = _run(50.0, 40.0).after(str(path))
+    assert run.earlier == ({"wall_s": 20.0, "goodput": None},)
+    assert "hpctorch: slurm 63 over 2 runs (1 before this one): goodput 57%: 40.0 s training of 70.0 s" in run.lines()
+
+
 @pytest.mark.parametrize("case", ["another job", "no job", "another user's file", "not json"])
 def test_a_file_of_anything_else_is_not_this_jobs(tmp_path: Path, case: str) -> None:
     path = tmp_path / "summary.json"

@@ -43,7 +43,10 @@ def test_bad_files_are_one_line(tmp_path: Path) -> None:
 
     (tmp_path / "text.json").write_text("not json")
     (tmp_path / "other.json").write_text(json.dumps({"some": "thing"}))
-    for path, said in ((tmp_path / "none.json", "cannot read"), (tmp_path / "text.json", "is not JSON"), (tmp_path / "other.json", "is not an hpctorch summary")):
+    garbled = {**SUMMARY, "goodput": {**SUMMARY["goodput"], "stalls": [{"from_s": "x", "to_s": 2.0}]}}
+    (tmp_path / "garbled.json").write_text(json.dumps(garbled))
+    for path, said in ((tmp_path / "none.json", "cannot read"), (tmp_path / "text.json", "is not JSON"), (tmp_path / "other.json", "is not an hpctorch summary"),
+                       (tmp_path / "garbled.json", "is not an hpctorch summary (could not convert")):
         done = timeline(path)
         assert done.returncode == 2 and done.stderr.startswith("hpctorch: error: ") and said in done.stderr and "Traceback" not in done.stderr, done.stderr
     (tmp_path / "run.json").write_text(json.dumps(SUMMARY))

@@ -99,9 +99,13 @@ def timeline(args: argparse.Namespace) -> int:
         raise HpctorchError(f"{args.summary} is not JSON", "give the file hpctorch run --summary-json FILE wrote") from None
     if not isinstance(summary, dict) or "nodes" not in summary or "wall_s" not in summary:
         raise HpctorchError(f"{args.summary} is not an hpctorch summary (no nodes, no wall_s)", "give the file hpctorch run --summary-json FILE wrote")
+    try:
+        drawn = render(summary)
+    except (ValueError, TypeError, AttributeError) as exc:  # a field of another shape than run writes
+        raise HpctorchError(f"{args.summary} is not an hpctorch summary ({exc})", "give the file hpctorch run --summary-json FILE wrote") from None
     output = args.output or os.path.splitext(args.summary)[0] + ".html"
     with open(output, "w", encoding="utf-8") as page:
-        page.write(render(summary))
+        page.write(drawn)
     print(f"hpctorch: timeline of {len(summary['nodes'])} node(s) written to {output} (open it in a browser)", file=sys.stderr)
     return 0
 

@@ -70,7 +70,7 @@ class Summary:
         if not isinstance(data, dict) or data.get("job") != self.job:
             return self
         runs = data["runs"] if isinstance(data.get("runs"), list) else [_run(data)]
-        return replace(self, earlier=tuple(run for run in runs if isinstance(run, dict)))
+        return replace(self, earlier=tuple(run for run in runs if _is_run(run)))
 
     def lines(self) -> list[str]:
         """The closing line, the goodput, the stragglers named during the run (each with its
@@ -132,6 +132,14 @@ class Summary:
 def _run(data: Mapping[str, object]) -> dict[str, object]:
     """One run of a job, as the next run's file keeps it."""
     return {"wall_s": data.get("wall_s"), "exit_code": data.get("exit_code"), "goodput": data.get("goodput")}
+
+
+def _is_run(run: object) -> bool:
+    """A run as ``_run`` keeps it: its figures numbers (an edited file's other shapes are left out)."""
+    if not isinstance(run, dict) or not isinstance(run.get("wall_s"), (int, float)):
+        return False
+    goodput = run.get("goodput")
+    return goodput is None or (isinstance(goodput, dict) and isinstance(goodput.get("training_s", 0.0), (int, float)))
 
 
 def across(runs: Sequence[Mapping[str, object]]) -> dict[str, object]:
