@@ -67,6 +67,25 @@ def test_a_rank_that_raises_shows_the_users_frames_once_and_the_last_line_names_
     assert done.stderr.count("raised KeyError") == 1  # the closing line, once
 
 
+def test_on_several_nodes_the_last_line_names_the_rank_that_raised_not_the_peers_it_broke(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Rank 1 (node 1) raises; rank 0 (node 0), in a barrier with it, then fails too ("Connection
+    closed by peer"). The job's last line names rank 1's exception, once, whichever node saw its
+    failure first; torch's agent's own lines about its workers (``E... failed (exitcode: 1)``) are
+    not shown unless --verbose."""
+    script = tmp_path / "train.py"
+    script.write_text(RAISES)
+    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "1", str(script), env=clean_env(), timeout=180, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert re.match(r"hpctorch: (stopped: )?rank 1 on node 1 \(local rank 0\) raised KeyError: 'missing_column' at train\.py:6; "
+                    r"details: \S+error\.json; the other nodes were stopped$", last), done.stderr[-3000:]
+    assert done.stderr.count("raised KeyError") == 1, done.stderr[-3000:]
+    assert not re.search(r"^[WE]\d{4} ", done.stderr, re.M), done.stderr[-3000:]
+    verbose = hpctorch("run", "--verbose", "--simulate-nodes", "2", "--nproc-per-node", "1", str(script), env=clean_env(), timeout=180,
+                       cwd=tmp_path)
+    assert re.search(r"^E\d{4} .*failed \(exitcode: 1\)", verbose.stderr, re.M), verbose.stderr[-3000:]
+
+
 def test_hostlist_compress_reads_names_from_stdin() -> None:
     import subprocess
     import sys

@@ -97,7 +97,9 @@ def test_a_failing_simulated_node_stops_the_others() -> None:
     done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "1", REPORT, "--sleep", "3600", "--fail-rank", "1",
                     env=clean_env(), timeout=300)  # a hang guard, far below rank 0's sleep
     assert done.returncode != 0
-    assert "simulated node" in done.stderr.strip().splitlines()[-1]
+    last = done.stderr.strip().splitlines()[-1]
+    assert re.match(r"hpctorch: (stopped: )?rank 1 on node 1 \(local rank 0\) exited with code \d+; details: .*; the other nodes were stopped$",
+                    last), done.stderr[-3000:]
     assert "REPORT" not in done.stdout  # rank 0 was stopped, it did not finish its sleep
 
 

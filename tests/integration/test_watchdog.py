@@ -255,6 +255,32 @@ def test_the_closing_state_names_the_node_never_heard_from_and_reads_the_others(
     assert node0._read_final(server)["done"] == {0: True, 1: True, 2: True}
 
 
+def test_node_0_names_the_first_failure_in_time_from_the_records_this_job_wrote() -> None:
+    """Node 0's rank, broken by a peer that raised, fails first as node 0 sees it: its closing
+    line still names the peer's failure, which node 1 recorded as earlier; a stranger's record,
+    earlier still, is never named."""
+    from hpctorch.start.workers import WorkersFailed, first_reported
+
+    server, dogs, acted = start(3)
+    wait_for(lambda: all(dog.connected.is_set() for dog in dogs))
+    stranger = torch.distributed.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    forged = stranger.add("hpctorch/wd/failures", 1)
+    stranger.set(f"hpctorch/wd/failure/{forged}", json.dumps({"node": 2, "line": "rank 5 raised Forged", "at": 1.0}))
+    dogs[1].report_failure("rank 1 on node 1 (local rank 0) raised KeyError: 'x' at train.py:4", at=1000.0)
+    wait_for(lambda: 0 in acted and 2 in acted)
+    own = WorkersFailed("rank 0 on node 0 (local rank 0) raised RuntimeError: Connection closed by peer", at=1000.5)
+    dogs[0].report_failure(own.line, own.at)
+    dogs[2].close()
+    failures = dogs[0].final["failures"]
+    assert sorted(r["node"] for r in failures.values()) == [0, 1], failures  # type: ignore[union-attr]
+    named = first_reported(own, failures)
+    assert named is not None and named.line == "rank 1 on node 1 (local rank 0) raised KeyError: 'x' at train.py:4"
+    assert named.exit_code == own.exit_code and named.at == 1000.0
+    assert first_reported(WorkersFailed("rank 0 raised first", at=999.0), failures).line == "rank 0 raised first"  # type: ignore[union-attr]
+    stopped = WorkersFailed("stopped: node 1 went silent: no heartbeat for 10 s")
+    assert first_reported(stopped, failures) is stopped  # a stop is said as it is
+
+
 def test_an_abort_this_job_did_not_write_stops_nobody(capsys) -> None:  # type: ignore[no-untyped-def]
     """Anyone who reaches node 0's port can write the store: an abort without the run's seal
     (or the state counter alone) is said once and ignored; the job's own abort still acts."""

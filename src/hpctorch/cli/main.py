@@ -178,6 +178,9 @@ def _run(args: argparse.Namespace) -> int:
         from .. import progress
 
         progress.enabled = False
+    from ..start import torchlogs
+
+    torchlogs.shown = args.verbose
     plan = build_plan(args)
     timings.mark("plan ready")
     if console is not None and not console & set(range(plan.world_size)):

@@ -87,7 +87,8 @@ class Helper:
                                     for kind, values in message["final"].items()},
                           "teardown": message.get("teardown") or []}
 
-    def end(self, how: str, line: str = "", stacks: tuple[list[dict], str | None] | None = None, wait_s: float = 15.0) -> dict:
+    def end(self, how: str, line: str = "", stacks: tuple[list[dict], str | None] | None = None, wait_s: float = 15.0,
+            at: float | None = None) -> dict:
         """Say how this node ended; the helper's closing message (empty if none came). A helper
         that never reached the store has nothing to say and is not waited for. Once only: a
         second call (an error after the first) returns what the first got."""
@@ -101,7 +102,7 @@ class Helper:
         try:
             if stacks is not None:
                 self._send({"stacks": list(stacks)})
-            self._send({"end": how, "line": line})
+            self._send({"end": how, "line": line, "at": at})
         except OSError:  # the helper is gone
             return {}
         deadline = time.monotonic() + wait_s + (CONNECT_WAIT_S if not self.connected else 0)
@@ -239,7 +240,8 @@ def main(argv: Sequence[str]) -> int:
         watchdog.connected.wait(CONNECT_WAIT_S)
         stacks.send_teardown(watchdog.store)
     if how == "failed":
-        watchdog.report_failure(message["line"])
+        at = message.get("at")
+        watchdog.report_failure(message["line"], float(at) if isinstance(at, (int, float)) else None)
     elif how == "finished":
         watchdog.finished()
     else:

@@ -35,6 +35,7 @@ own: sizing the logs (on a stalled shared file system) or taking stacks never de
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -65,6 +66,8 @@ FINISHED, ABORTED = 1, 2
 aborts adds 2 (so any value from 2 up means aborted, whatever else happened)."""
 COLLECT_S = 3.0
 """How long node 0 waits for the other nodes' part of a stack dump."""
+FAILURES_READ = 16
+"""Failure records node 0 reads at the end, whatever N: to name the first failure in time."""
 
 
 class JobWatchdog:
@@ -94,6 +97,7 @@ class JobWatchdog:
         """This run's seal, once node 0's record in the watched store authenticated: the abort is sealed."""
         self._forged: set[bytes] = set()
         self._acked = False
+        self._failed_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpctorch-watchdog", daemon=True)
         # Sizing the logs and taking stacks can block (a stalled shared file system, py-spy, the
@@ -134,14 +138,40 @@ class JobWatchdog:
 
         return SealedStore(store, self._seal) if store is not None and self._seal is not None else store
 
-    def report_failure(self, summary: str) -> None:
-        """Tell every node that this one failed (best effort: the store may be gone)."""
+    def report_failure(self, summary: str, at: float | None = None) -> None:
+        """Tell every node that this one failed (best effort: the store may be gone); ``at`` (wall
+        clock), when its rank raised or died, goes into a failure record for node 0's closing line."""
+        self._failed_at = at
         self._finish(self.prefix + "abort", summary)
 
     def _set_abort(self, store, reason: str) -> None:  # type: ignore[no-untyped-def]
         key = self.prefix + "abort"
         store.set(key, self._seal.seal(key, reason))  # type: ignore[union-attr]  # set once authenticated; the reason first
+        if self._failed_at is not None:
+            # Numbered as they come: node 0 reads the first few, whatever N (the first failure in
+            # time is among the first reported; a crash's consequences come after it).
+            record = f"{self.prefix}failure/{store.add(self.prefix + 'failures', 1)}"
+            text = json.dumps({"node": self.plan.node_rank, "line": reason, "at": self._failed_at})
+            store.set(record, self._seal.seal(record, text))  # type: ignore[union-attr]
         store.add(self._state_key, ABORTED)
+
+    def _read_failures(self, store) -> dict[int, object]:  # type: ignore[no-untyped-def]
+        """Node 0: the failure records this job wrote (the first ``FAILURES_READ``), by number."""
+        from .authority import AuthError
+
+        count = min(int(store.add(self.prefix + "failures", 0)), FAILURES_READ)
+        keys = [f"{self.prefix}failure/{n}" for n in range(1, count + 1)]
+        if not keys or not store.check(keys):
+            return {}
+        records: dict[int, object] = {}
+        for n, (key, raw) in enumerate(zip(keys, store.multi_get(keys)), start=1):
+            try:
+                record = json.loads(self._seal.open(key, bytes(raw)).decode(errors="replace"))  # type: ignore[union-attr]
+            except (AuthError, ValueError):
+                continue  # not this job's: never named as its failure
+            if isinstance(record, dict):
+                records[n] = record
+        return records
 
     def _sealed_abort(self, store) -> str | None:  # type: ignore[no-untyped-def]
         """The abort's reason, when this job wrote it; None (said once) for one anyone else wrote:
@@ -203,6 +233,9 @@ class JobWatchdog:
             if self.plan.is_master:
                 self._linger(store)
                 self.final = self._read_final(store)
+                failures = self._read_failures(store)
+                if failures:
+                    self.final["failures"] = failures
                 if self._judge is not None and self._judge.stalls:  # for the goodput: node 0's clock, as its attempts'
                     self.final["stalls"] = {self.plan.node_rank: [list(span) for span in self._judge.stalls]}
                 if self.stragglers is not None:

@@ -13,12 +13,14 @@ from ..errors import HpctorchError
 from ..host.signals import PREEMPT_SIGNALS
 from ..plan.types import ROLE, Plan
 from . import spares
+from .raised import raised_at
 from .spares import Seat
 from .workers import (
     STOP_GRACE_S,
     WorkersFailed,
     failure_line,
     first_failure,
+    first_reported,
     line_prefix,
     mark_bad,
     node_host,
@@ -148,6 +150,9 @@ def run_per_node(
     """
     from torch.distributed.launcher.api import elastic_launch
 
+    from . import torchlogs
+
+    torchlogs.quiet()
     assert plan.master_addr is not None, "the exchange runs before the final plan"
     os.environ.update(plan.common_env)
     stacks_env(os.environ)  # type: ignore[arg-type]
@@ -233,8 +238,8 @@ def run_per_node(
     except ChildFailedError as exc:
         rank, first = first_failure(exc)
         where = first.error_file if os.path.exists(first.error_file) else (log_dir or "its output above")
-        failure = failure_line(plan, rank, first.local_rank, first.exitcode, where)
-        watchdog.report_failure(failure.line)
+        failure = failure_line(plan, rank, first.local_rank, first.exitcode, where, at=raised_at(first.error_file) or float(first.timestamp))
+        watchdog.report_failure(failure.line, failure.at)
         requeue_after = True
     except NoProgress as exc:
         watchdog.report_failure(f"node {plan.node_rank}: {exc.line().removeprefix('stopped: ')}")
@@ -290,6 +295,8 @@ def run_per_node(
     if log_dir is None and failure is None and os.path.basename(logs).startswith("torchelastic_"):
         shutil.rmtree(logs, ignore_errors=True)  # torch's temporary folder, nobody asked for it: the console had it all
         logs = None
+    if plan.is_master:
+        failure = first_reported(failure, watchdog.final.get("failures"))
     if plan.is_master and (summary_json or not quiet):
         from ..guard.summary import report
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from .. import staged
@@ -31,6 +33,9 @@ def run_agent_from_env() -> int:
     from .. import timings
 
     timings.enable_from(bool(output.get("timings")))
+    from . import torchlogs
+
+    torchlogs.shown = bool(output.get("verbose"))
     console = output.get("console_ranks")
     try:
         run_per_node(plan, log_dir=log_dir, prefix=output.get("prefix", True), console_ranks=set(console) if console is not None else None,
@@ -38,9 +43,33 @@ def run_agent_from_env() -> int:
                      local_ranks=set(output["local_ranks"]) if output.get("local_ranks") is not None else None,
                      stall=tuple(output["stall"]) if output.get("stall") else None)  # type: ignore[arg-type]
     except (HpctorchError, WorkersFailed) as exc:
-        print(f"hpctorch node {plan.node_rank}: {exc}", file=sys.stderr, flush=True)
+        if not isinstance(exc, WorkersFailed) or not _said(output.get("result"), exc.line):
+            print(f"hpctorch node {plan.node_rank}: {exc}", file=sys.stderr, flush=True)
         return getattr(exc, "exit_code", 2)
     return 0
+
+
+def _said(path: str | None, line: str) -> bool:
+    """Hand this node's closing line to the parent, which says the job's (node 0's) once."""
+    if not path:
+        return False
+    try:
+        with open(path, "x", encoding="utf-8") as handle:
+            handle.write(line)
+    except OSError:
+        return False
+    return True
+
+
+def _closing_line(folder: str, failed: int) -> str | None:
+    """Node 0's closing line (it names the job's first failure), else the failed node's."""
+    for node in (0, failed):
+        try:
+            with open(os.path.join(folder, str(node)), encoding="utf-8") as handle:
+                return handle.read().strip() or None
+        except OSError:
+            continue
+    return None
 
 
 def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, console_ranks: set[int] | None = None,
@@ -48,15 +77,18 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
                   stall: tuple[float, str] | None = None) -> None:
     """One agent process per simulated node; when one fails, stop them all."""
     from .. import timings
+    from . import torchlogs
 
     agents = []
+    said = tempfile.mkdtemp(prefix="hpctorch-simulated-")  # 0700, ours: where each agent leaves its closing line
     for node_plan in plan.node_plans:
         env = dict(os.environ)
         env[PLAN_ENV] = json.dumps(node_plan.to_dict())
         env[OUTPUT_ENV] = json.dumps({"prefix": prefix, "console_ranks": sorted(console_ranks) if console_ranks is not None else None,
                                       "quiet": quiet, "summary_json": summary_json if node_plan.is_master else None,
                                       "local_ranks": sorted(local_ranks) if local_ranks is not None else None, "stall": stall,
-                                      "timings": timings.enabled})
+                                      "timings": timings.enabled, "verbose": torchlogs.shown,
+                                      "result": os.path.join(said, str(node_plan.node_rank))})
         if log_dir:
             env["HPCTORCH_AGENT_LOG_DIR"] = os.path.join(log_dir, f"node{node_plan.node_rank}")
         # Each agent leads its own process group, so stopping it reaches its workers too.
@@ -94,10 +126,14 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if received:
-        raise WorkersFailed(f"stopped by signal {received[0]}", exit_code=128 + received[0])
-    if failed is None:
-        failed = next((i for i, a in enumerate(agents) if a.returncode != 0), None)
-    if failed is not None:
-        code = agents[failed].returncode
-        raise WorkersFailed(f"simulated node {failed} failed (exit {code}); the other nodes were stopped", exit_code=code if code > 0 else 1)
+    try:
+        if received:
+            raise WorkersFailed(f"stopped by signal {received[0]}", exit_code=128 + received[0])
+        if failed is None:
+            failed = next((i for i, a in enumerate(agents) if a.returncode != 0), None)
+        if failed is not None:
+            code = agents[failed].returncode
+            line = _closing_line(said, failed) or f"simulated node {failed} failed (exit {code})"
+            raise WorkersFailed(f"{line}; the other nodes were stopped", exit_code=code if code > 0 else 1)
+    finally:
+        shutil.rmtree(said, ignore_errors=True)

@@ -40,6 +40,7 @@ from .workers import (
     STOP_GRACE_S,
     WorkersFailed,
     failure_line,
+    first_reported,
     line_prefix,
     node_host,
     process_start,
@@ -267,6 +268,8 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     if log_dir is None and failure is None:  # a temporary folder nobody asked for: the console had it all
         shutil.rmtree(os.path.dirname(logs), ignore_errors=True)
         logs = None
+    if plan.is_master:
+        failure = first_reported(failure, final.get("failures"))
     if plan.is_master and (not quiet or summary_json):
         from ..guard.summary import report
 
@@ -347,10 +350,10 @@ def _wait(plan: Plan, workers: Sequence[subprocess.Popen], exits: Sequence[_Exit
     if disagreed is not None:
         helper.end("quit")
         raise HpctorchError(disagreed["cause"], disagreed["fix"])
-    failure = _failure(plan, workers, received, root, failed, aborted)
+    failure = _failure(plan, workers, received, root, failed, aborted, exits)
     # What the other nodes print: which node a signal stopped (this node says "stopped by").
     told = f"node {plan.node_rank} was stopped by {signal.Signals(received[0]).name}" if received else failure.line
-    ended = helper.end("aborted" if aborted else "failed", told, stacks.teardown) if helper is not None else {}
+    ended = helper.end("aborted" if aborted else "failed", told, stacks.teardown, at=failure.at) if helper is not None else {}
     lines = ended.get("teardown") or stacks.teardown_summary()
     if lines and plan.is_master:
         print("\n".join(lines), file=sys.stderr, flush=True)
@@ -358,7 +361,7 @@ def _wait(plan: Plan, workers: Sequence[subprocess.Popen], exits: Sequence[_Exit
 
 
 def _failure(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int], root: str, failed: int | None,
-             aborted: str | None) -> WorkersFailed:
+             aborted: str | None, exits: Sequence[_ExitClock]) -> WorkersFailed:
     if aborted:
         return WorkersFailed(f"stopped: {aborted}", exit_code=1)
     if received:
@@ -368,7 +371,8 @@ def _failure(plan: Plan, workers: Sequence[subprocess.Popen], received: list[int
     worker = plan.workers[failed]
     error_file = _error_file(root, worker.local_rank)
     where = error_file if os.path.exists(error_file) else "its output above"
-    return failure_line(plan, worker.rank, worker.local_rank, workers[failed].returncode, where)
+    return failure_line(plan, worker.rank, worker.local_rank, workers[failed].returncode, where,
+                        at=raised_at(error_file) or min(exits[failed].exited_wall, time.time()))
 
 
 def _first_failure(plan: Plan, root: str, codes: Sequence[int | None], dead: list[int], exits: Sequence[_ExitClock]) -> int:

@@ -22,12 +22,31 @@ WORKER_ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 
 class WorkersFailed(Exception):
-    """Training processes failed; ``line`` names the first failure."""
+    """Training processes failed; ``line`` names the first failure, ``at`` (wall clock) when a rank
+    of this node raised or died, where it did."""
 
-    def __init__(self, line: str, exit_code: int = 1) -> None:
+    def __init__(self, line: str, exit_code: int = 1, at: float | None = None) -> None:
         super().__init__(line)
         self.line = line
         self.exit_code = exit_code
+        self.at = at
+
+
+def first_reported(own: WorkersFailed | None, reported: object) -> WorkersFailed | None:
+    """Node 0's closing line names the job's first failure: its own rank's, or one that another
+    node reported as earlier (``watchdog`` failure records: line and time). A rank of node 0 broken
+    by a peer that raised (``Connection closed by peer``) often dies before that peer's node has
+    told anyone. A stop of node 0 (a signal, an abort, a silent node) is said as it is."""
+    if own is None or own.at is None or not isinstance(reported, dict):
+        return own
+    records = [r for r in reported.values() if isinstance(r, dict) and isinstance(r.get("at"), (int, float))
+               and isinstance(r.get("line"), str) and r["line"]]
+    first = min(records, key=lambda r: float(r["at"]), default=None)
+    if first is None or float(first["at"]) >= own.at:
+        return own
+    from ..terminal import printable
+
+    return WorkersFailed(printable(first["line"], lines=False), exit_code=own.exit_code, at=float(first["at"]))
 
 
 def worker_command(command: Sequence[str], per_rank_lists: bool) -> tuple[str, ...]:
@@ -223,7 +242,7 @@ def first_failure(error):  # type: ignore[no-untyped-def]
     return rank, error.failures[rank]
 
 
-def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str) -> WorkersFailed:
+def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str, at: float | None = None) -> WorkersFailed:
     """The first failure, as every node prints it: which rank, on which node, how, where to look.
     A rank killed by SIGBUS (an uncorrectable memory error, as the kernel reports one) puts
     its node on the user's bad-node list: the next job asks the scheduler to leave it out."""
@@ -237,4 +256,4 @@ def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str) 
         mark_bad(plan, f"rank {rank} died of SIGBUS (a memory error)")
     host = f" ({plan.nodes[plan.node_rank]})" if plan.nodes and plan.node_rank < len(plan.nodes) else ""
     node = f" on node {plan.node_rank}{host}" if plan.nnodes > 1 else ""
-    return WorkersFailed(f"rank {rank}{node} (local rank {local_rank}) {how}; details: {where}", exit_code=128 - code if code < 0 else 1)
+    return WorkersFailed(f"rank {rank}{node} (local rank {local_rank}) {how}; details: {where}", exit_code=128 - code if code < 0 else 1, at=at)
