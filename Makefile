@@ -33,7 +33,7 @@ $(VENV)/.installed-frameworks: $(VENV)/.installed
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
 	touch $@
 
-# The unit and integration tests on every core, then the cluster tests (scripts/run-tests).
+# The unit and integration tests on every core beside the cluster tests, then the serial ones (scripts/run-tests).
 test: system-deps setup $(VENV)/.installed-mpi $(VENV)/.installed-frameworks
 	PY=$(PY) JUNIT_DIR=$(JUNIT_DIR) scripts/run-tests $(PYTEST_ARGS)
 

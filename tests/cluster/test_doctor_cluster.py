@@ -16,7 +16,7 @@ import pytest
 from .conftest import PYTHON
 from .harness import Cluster, fabric_addr
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]  # judges CPU and link measures against the other nodes: alone (scripts/run-tests)
 DOCTOR = (PYTHON, "-m", "hpctorch", "doctor")
 LIMIT_S = 60  # the doctor's own budget is 30 s; past this, a hang guard stops the test
 

@@ -19,7 +19,7 @@ from .conftest import ONE_THREAD, PYTHON
 from .harness import Cluster
 from .test_screen_cluster import shaped
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]  # judges CPU and link measures against the other nodes: alone (scripts/run-tests)
 HPCTORCH = f"{PYTHON} -m hpctorch"
 REPORT = str(ROOT / "tests" / "fixtures" / "report.py")
 

@@ -16,7 +16,7 @@ from ..conftest import unprefixed
 from .conftest import ONE_THREAD, PYTHON, TOY, toy_ranks
 from .harness import Cluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]  # judges CPU and link measures against the other nodes: alone (scripts/run-tests)
 HPCTORCH = f"{PYTHON} -m hpctorch"
 SHAPED = "20mbit"
 
