@@ -80,11 +80,17 @@ def _listening(cluster: Cluster, port: int) -> bool:
     return str(port) in shown.stdout
 
 
-@pytest.mark.parametrize("stage", [False, True], ids=["plain", "stage-env"])
+@pytest.mark.parametrize(("stage", "restarts"), [(False, ()), (True, ()), (False, ("--max-restarts", "1"))],
+                         ids=["plain", "stage-env", "c10d"])
 def test_a_squatter_on_node_0s_port_is_passed_over_and_runs_nothing_of_the_jobs(
-        cluster: Cluster, job_dir: Path, squatter: tuple[int, Path], step_variables: dict[str, str], stage: bool) -> None:
+        cluster: Cluster, job_dir: Path, squatter: tuple[int, Path], step_variables: dict[str, str], stage: bool,
+        restarts: tuple[str, ...]) -> None:
+    """The job's derived port held on node 0 by another user running genuine hpctorch as node 0:
+    the job trains on its own nodes, at the next of its ports; with --max-restarts, torch's c10d
+    rendezvous and agent, the same."""
     uid, home = squatter
     stage_flags = ["--stage-env", "--stage-dir", str(job_dir)] if stage else []
+    stage_flags += restarts
     # Staged: a small environment of the job's own (the real one's staging is tested on its own).
     python = smallenv.make(job_dir / "env") if stage else PYTHON
     script = job_dir / "job.sh"

@@ -101,8 +101,14 @@ def test_a_port_given_by_the_user_has_no_alternates() -> None:
     assert masterport.applies(derived)
     given = make_plan(detect(env), Options(master_addr="127.0.0.1", master_port=29500, command=("x",)), facts())
     assert given.master_ports == () and "master_ports" not in given.reasons and not masterport.applies(given)
+    # torch's c10d rendezvous (--max-restarts) reuses the store node 0's hpctorch opens first: the same ports, found
+    # the same way, where node 0 hosts it; not where the user chose which node hosts it.
     restarts = make_plan(detect(env), Options(master_addr="127.0.0.1", max_restarts=1, command=("x",)), facts())
-    assert restarts.master_ports == () and "master_ports" not in restarts.reasons  # torch's c10d rendezvous: its own store
+    assert restarts.rdzv_backend == "c10d" and restarts.master_ports == job_port.port_sequence("51", "0")
+    assert masterport.applies(restarts)
+    chosen = make_plan(detect(env), Options(master_addr="127.0.0.1", max_restarts=1, rdzv_conf={"is_host": "false"}, command=("x",)),
+                       facts())
+    assert not masterport.applies(chosen)
 
 
 def test_rank_0_takes_the_port_over_under_the_same_seal(tmp_path: Path) -> None:

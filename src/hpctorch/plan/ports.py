@@ -91,11 +91,12 @@ def agreement_dir(allocation: Allocation, options: Options, nodes: tuple[str, ..
 
 def master_ports(allocation: Allocation, options: Options, nnodes: int, mode: str, rdzv_backend: str,
                  reasons: dict[str, str]) -> tuple[int, ...]:
-    """A port derived from the job id and its alternates, where hpctorch serves the store on
-    several nodes (torch's static rendezvous, hpctorch's starter); else none (a port the user or
-    the scheduler gives; torch's c10d rendezvous serves its own store)."""
+    """A port derived from the job id and its alternates, where hpctorch on node 0 serves the store
+    of several nodes (torch's static rendezvous, hpctorch's starter, and torch's c10d rendezvous,
+    which reuses the store node 0's hpctorch opened first); else none (a port the user or the
+    scheduler gives)."""
     derived = options.master_port is None and allocation.master_port is None and allocation.job_id
-    if not (derived and nnodes > 1 and mode == "per-node" and rdzv_backend == "static"):
+    if not (derived and nnodes > 1 and mode == "per-node" and rdzv_backend in ("static", "c10d")):
         return ()
     reasons["master_ports"] = ("derived alike: if the port is held on node 0 (another user, another job), node 0 serves on "
                                "the next, and every node joins the first whose store authenticates")

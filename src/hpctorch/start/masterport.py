@@ -39,9 +39,21 @@ _held: list[object] = []
 
 
 def applies(plan: Plan) -> bool:
-    """Several nodes, each with its own hpctorch, and a port with alternates (derived, not given)."""
+    """Several nodes, each with its own hpctorch, and a port with alternates (derived, not given),
+    where node 0's hpctorch serves the store: torch's static rendezvous, or its c10d rendezvous
+    hosted on node 0 (``_hosts_c10d``)."""
+    hosted = plan.rdzv_backend == "static" or (plan.rdzv_backend == "c10d" and _hosts_c10d(plan))
     return (len(plan.master_ports) > 1 and plan.nnodes > 1 and plan.mode == "per-node" and not plan.simulated
-            and plan.watched and plan.rdzv_backend == "static" and plan.master_addr is not None)
+            and plan.watched and hosted and plan.master_addr is not None)
+
+
+def _hosts_c10d(plan: Plan) -> bool:
+    """Node 0 hosts torch's c10d store where hpctorch told torch so (``is_host``: the master address
+    is its own; ``plan.decide``), and the store it opened first is the one torch reuses. The other
+    nodes cannot see node 0's addresses: they look for it unless the user chose ``is_host``."""
+    if plan.is_master:
+        return plan.rdzv_conf.get("is_host") == "true"
+    return "is_host" not in plan.rdzv_conf
 
 
 def at(plan: Plan, port: int) -> Plan:
