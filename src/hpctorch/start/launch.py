@@ -13,11 +13,11 @@ from ..errors import HpctorchError
 from ..host.signals import PREEMPT_SIGNALS
 from ..plan.types import ROLE, Plan
 from . import spares
-from .raised import raised_at
 from .spares import Seat
 from .workers import (
     STOP_GRACE_S,
     WorkersFailed,
+    failed_at,
     failure_line,
     first_failure,
     first_reported,
@@ -150,9 +150,10 @@ def run_per_node(
     """
     from torch.distributed.launcher.api import elastic_launch
 
-    from . import torchlogs
+    from . import exits, torchlogs
 
     torchlogs.quiet()
+    exits.install()
     assert plan.master_addr is not None, "the exchange runs before the final plan"
     os.environ.update(plan.common_env)
     stacks_env(os.environ)  # type: ignore[arg-type]
@@ -238,7 +239,7 @@ def run_per_node(
     except ChildFailedError as exc:
         rank, first = first_failure(exc)
         where = first.error_file if os.path.exists(first.error_file) else (log_dir or "its output above")
-        failure = failure_line(plan, rank, first.local_rank, first.exitcode, where, at=raised_at(first.error_file) or float(first.timestamp))
+        failure = failure_line(plan, rank, first.local_rank, first.exitcode, where, at=failed_at(first))
         watchdog.report_failure(failure.line, failure.at)
         requeue_after = True
     except NoProgress as exc:

@@ -228,18 +228,28 @@ def _leave_out(plan: Plan, nodes: Sequence[str]) -> str | None:
 
 def first_failure(error):  # type: ignore[no-untyped-def]
     """torch's ChildFailedError's first failure. Where no rank raised, torch's own choice. Where one
-    did, by when each failed: a rank that raised, when its error file says (it may have been stopped
-    on its way out, after the peers its exception broke had exited), any other when torch saw it
-    fail (whole seconds, rounded down: within the same second a death outranks the errors it
-    causes); a rank stopped by SIGTERM (how torch stops workers) never outranks another failure."""
+    did, by when each failed (``failed_at``): a rank that raised, when its error file says (it may
+    have been stopped on its way out, after the peers its exception broke had exited), any other
+    when it exited (else when torch saw it fail, in whole seconds rounded down: within the same
+    second a death outranks the errors it causes); a rank stopped by SIGTERM (how torch stops
+    workers) never outranks another failure."""
     from .raised import raised_at
 
     raised = {rank: at for rank, failure in error.failures.items() if (at := raised_at(failure.error_file)) is not None}
     if not raised:
         return error.get_first_failure()
     causes = [r for r, f in error.failures.items() if r in raised or f.exitcode != -signal.SIGTERM] or list(error.failures)
-    rank = min(causes, key=lambda r: (raised.get(r, float(error.failures[r].timestamp)), r in raised))
+    rank = min(causes, key=lambda r: (failed_at(error.failures[r]), r in raised))
     return rank, error.failures[rank]
+
+
+def failed_at(failure) -> float:  # type: ignore[no-untyped-def]
+    """When a worker of torch's agent failed (wall clock): when it raised, else when it exited
+    (``exits``), else the whole second torch noticed it."""
+    from .exits import exited_at
+    from .raised import raised_at
+
+    return raised_at(failure.error_file) or exited_at(failure.pid) or float(failure.timestamp)
 
 
 def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str, at: float | None = None) -> WorkersFailed:
