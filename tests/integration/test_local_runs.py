@@ -208,14 +208,15 @@ if os.environ["LOCAL_RANK"] == "1":
     os._exit(3)  # the cause
 while not os.path.exists(marker):
     time.sleep(0.001)
-time.sleep(0.005)
-os._exit(4)  # a peer that noticed: a few milliseconds later, within the same poll
+time.sleep(0.015)
+os._exit(4)  # a peer that noticed: milliseconds later, most often within the same 50 ms poll
 """
 
 
 def test_the_first_failure_named_is_the_first_in_time(tmp_path: Path) -> None:
-    """Rank 1 dies, rank 0 follows 5 ms later: the run names rank 1 (it named the lowest rank
-    one poll found dead, rank 0, nearly every time)."""
+    """Rank 1 dies, rank 0 follows 15 ms later: the run names rank 1 (it named the lowest rank
+    one poll found dead, rank 0, in 7 of 10 tries: 97% of three). Not closer: under load the
+    threads that note each exit wake a few milliseconds late, and not always in order."""
     script = tmp_path / "falls_together.py"
     script.write_text(FALLS_TOGETHER)
     for attempt in range(3):
