@@ -97,7 +97,6 @@ class JobWatchdog:
         """This run's seal, once node 0's record in the watched store authenticated: the abort is sealed."""
         self._forged: set[bytes] = set()
         self._acked = False
-        self._failed_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpctorch-watchdog", daemon=True)
         # Sizing the logs and taking stacks can block (a stalled shared file system, py-spy, the
@@ -141,19 +140,20 @@ class JobWatchdog:
     def report_failure(self, summary: str, at: float | None = None) -> None:
         """Tell every node that this one failed (best effort: the store may be gone); ``at`` (wall
         clock), when its rank raised or died, goes into a failure record for node 0's closing line."""
-        self._failed_at = at
-        self._finish(self.prefix + "abort", summary)
+        self._finish(self.prefix + "abort", summary, at)
 
     def _set_abort(self, store, reason: str) -> None:  # type: ignore[no-untyped-def]
         key = self.prefix + "abort"
         store.set(key, self._seal.seal(key, reason))  # type: ignore[union-attr]  # set once authenticated; the reason first
-        if self._failed_at is not None:
-            # Numbered as they come: node 0 reads the first few, whatever N (the first failure in
-            # time is among the first reported; a crash's consequences come after it).
-            record = f"{self.prefix}failure/{store.add(self.prefix + 'failures', 1)}"
-            text = json.dumps({"node": self.plan.node_rank, "line": reason, "at": self._failed_at})
-            store.set(record, self._seal.seal(record, text))  # type: ignore[union-attr]
         store.add(self._state_key, ABORTED)
+
+    def _record_failure(self, store, line: str, at: float) -> None:  # type: ignore[no-untyped-def]
+        """This node's failure and when, for node 0's closing line: numbered as they come, so node 0
+        reads the first few whatever N (the first failure in time is among the first reported; a
+        crash's consequences come after it). Before the ack: node 0 lingers for every node's."""
+        record = f"{self.prefix}failure/{store.add(self.prefix + 'failures', 1)}"
+        text = json.dumps({"node": self.plan.node_rank, "line": line, "at": at})
+        store.set(record, self._seal.seal(record, text))  # type: ignore[union-attr]
 
     def _read_failures(self, store) -> dict[int, object]:  # type: ignore[no-untyped-def]
         """Node 0: the failure records this job wrote (the first ``FAILURES_READ``), by number."""
@@ -210,7 +210,7 @@ class JobWatchdog:
     def _beat_key(self) -> str:
         return beat_key(self.plan.run_id, self.plan.node_rank)
 
-    def _finish(self, key: str | None, value: str) -> None:
+    def _finish(self, key: str | None, value: str, failed_at: float | None = None) -> None:
         # Join before the last write and before this process exits: a daemon thread
         # left inside a C++ store call at interpreter shutdown aborts the process.
         self._stop.set()
@@ -223,6 +223,8 @@ class JobWatchdog:
         try:
             if key is not None and key.endswith("abort"):
                 self._set_abort(store, value)
+                if failed_at is not None:
+                    self._record_failure(store, value, failed_at)
                 self._ack(store)
             elif key is not None:
                 if self.stragglers is not None and value == DONE.decode():

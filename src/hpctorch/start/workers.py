@@ -239,17 +239,22 @@ def first_failure(error):  # type: ignore[no-untyped-def]
     if not raised:
         return error.get_first_failure()
     causes = [r for r, f in error.failures.items() if r in raised or f.exitcode != -signal.SIGTERM] or list(error.failures)
-    rank = min(causes, key=lambda r: (failed_at(error.failures[r]), r in raised))
+    rank = min(causes, key=lambda r: (raised.get(r) or _died_at(error.failures[r]), r in raised))
     return rank, error.failures[rank]
 
 
 def failed_at(failure) -> float:  # type: ignore[no-untyped-def]
-    """When a worker of torch's agent failed (wall clock): when it raised, else when it exited
-    (``exits``), else the whole second torch noticed it."""
-    from .exits import exited_at
+    """When a worker of torch's agent failed (wall clock): when it raised, else when it died."""
     from .raised import raised_at
 
-    return raised_at(failure.error_file) or exited_at(failure.pid) or float(failure.timestamp)
+    return raised_at(failure.error_file) or _died_at(failure)
+
+
+def _died_at(failure) -> float:  # type: ignore[no-untyped-def]
+    """When it exited (``exits``), else the whole second torch noticed it."""
+    from .exits import exited_at
+
+    return exited_at(failure.pid) or float(failure.timestamp)
 
 
 def failure_line(plan: Plan, rank: int, local_rank: int, code: int, where: str, at: float | None = None) -> WorkersFailed:
