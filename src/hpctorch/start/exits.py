@@ -18,9 +18,11 @@ _exited: dict[int, float] = {}
 
 
 def watch(pids: object) -> None:
-    """Note the exit time of each of ``pids`` (once each; any iterable of ints)."""
+    """Note the exit time of each of ``pids`` (any iterable of ints), just started: a pid an earlier
+    attempt's worker had is forgotten first, so its exit time is never this one's."""
     for pid in pids:  # type: ignore[attr-defined]
         if isinstance(pid, int) and pid > 0:
+            _exited.pop(pid, None)
             threading.Thread(target=_wait, args=(pid,), name=f"hpctorch-exit-{pid}", daemon=True).start()
 
 
@@ -31,7 +33,7 @@ def _wait(pid: int) -> None:
         pass  # already reaped (torch's poll came first): noted now, a little late
     except OSError:
         return
-    _exited.setdefault(pid, time.time())
+    _exited[pid] = time.time()
 
 
 def exited_at(pid: int) -> float | None:
