@@ -14,13 +14,18 @@ import logging
 WORKER_LOGS = "torch.distributed.elastic.multiprocessing"
 """The loggers of torch's worker processes' start, stop and exit (``multiprocessing.api``,
 ``.errors``, ``.tail_log``, ...), each made by torch's ``get_logger`` at its module's level."""
+STOPPING = ("torch.distributed.elastic.agent.server.api", "Received %s death signal, shutting down workers")
+"""The agent's line when hpctorch stops the node's workers (a SIGTERM to itself, on another node's
+failure): hpctorch's own closing line says why (``stopped: ...``)."""
 shown = False
 """``--verbose``: torch's lines are shown as torch prints them."""
 
 
 class _Quiet(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.CRITICAL or not (record.name == WORKER_LOGS or record.name.startswith(WORKER_LOGS + "."))
+        if record.levelno >= logging.CRITICAL:
+            return True
+        return not (record.name == WORKER_LOGS or record.name.startswith(WORKER_LOGS + ".") or (record.name, record.msg) == STOPPING)
 
 
 QUIET = _Quiet()
@@ -33,7 +38,7 @@ def quiet() -> None:
     ``torch``), or the root's where it installed none."""
     if shown:
         return
-    parts = WORKER_LOGS.split(".")
+    parts = WORKER_LOGS.split(".")  # its ancestors hold the handlers of STOPPING's logger too
     for name in [".".join(parts[:n]) for n in range(len(parts), 0, -1)] + [""]:
         for handler in logging.getLogger(name).handlers:
             if QUIET not in handler.filters:
