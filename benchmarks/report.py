@@ -181,20 +181,30 @@ def straggler_overhead(data: dict) -> str:
 
 
 def stage_spread(data: dict) -> str:
-    from .stage_spread import HEADER, cells
+    from .stage_spread import HEADER, SLOW_HEADER, cells, slow_cells
 
+    slow = data.get("slow_node", [])
     return ("`--stage-env`'s spread: node 0's pack through the real tree (`stage.spread.take_part`, k = "
-            f"{data['rows'][0]['fanout']} children per node, {data['chunk_kib']} KiB chunks forwarded as they arrive), each "
+            f"{data['rows'][0]['fanout']} children per node; a node with children keeps the bytes as they arrive in an unnamed "
+            "file of its own and sends them to each child from a thread of its own with `sendfile`), each "
             f"simulated node a thread in {data['processes']} processes reaching torch's TCPStore with hpctorch's own client, "
             "over loopback in a network namespace of its own (as benchmark 7); every node checks the SHA-256 of what it got. "
             "The time runs from node 0's go to the last node's last byte. Every node's bytes cross this machine's 2 cores, "
-            "so N copies of the payload share them and the time grows with N here, at a flat 0.7-0.9 GiB/s of all nodes' "
-            "bytes together: the cores set the pace, not the tree's depth; on a cluster each node has its own link and CPUs, and a pipelined tree takes about size / "
+            "so N copies of the payload share them and the time grows with N here, at a flat 0.5-0.8 GiB/s of all nodes' "
+            "bytes together: the cores set the pace, not the tree's depth (the spool costs each node with children one more "
+            "copy of the bytes through memory than the blocking relay before it, 0.7-0.9 GiB/s here, and 4,096 nodes' "
+            "spools, a quarter of the nodes', write 4 GiB through one machine's page cache); on a cluster each node has its "
+            "own link and CPUs, and a pipelined tree takes about size / "
             "(link bandwidth / k) plus one chunk per hop (2 GB at 10 GB/s per link and k = 4: under a second, plus depth x "
             "0.1 ms). The shared copy is read once per job, and node 0 sends k copies whatever N. For comparison, ALCF's ezpz "
             "copies an environment to every node with `yeet` over rsync/ssh in 255 s at 1,024 nodes and 750 s at 4,096 "
             "nodes on Aurora (published figures; a real machine, not comparable with this simulation except in shape: theirs "
-            "grows with N, a tree's with log N).\n\n" + table(HEADER, [cells(r) for r in data["rows"]]))
+            "grows with N, a tree's with log N).\n\n" + table(HEADER, [cells(r) for r in data["rows"]]) +
+            ("\n\nOne slow node: 64 MiB over 4 nodes as threads, k = 2 (node 0 -> 1, 2; node 1 -> 3), node 1 extracting at "
+             "5 MiB/s, a 3 s deadline (`HPCTORCH_STAGE_TIMEOUT_S`). Its sibling and its child finish as fast as with no slow node, "
+             "and node 1 stops at its deadline, its child served. Before (a parent forwarded with a blocking send from its own "
+             "extraction loop, limited only by 60 s without progress), the sibling finished at 11.8 s, not 0.3 s, and node 1 "
+             "went on past the deadline.\n\n" + table(SLOW_HEADER, [slow_cells(r) for r in slow]) if slow else ""))
 
 
 def _stragglers(data: dict) -> str:

@@ -64,15 +64,17 @@ def assert_trained_across_nodes(output: str, nodes: int = 2, per_node: int = 2) 
 
 
 @contextmanager
-def throttling(cluster: Cluster, once: Path | None = None, lifted: Callable[[], bool] | None = None) -> Iterator[str]:
-    """node3's slurmd, and so every process of its job steps, in a cgroup held to 15% of one CPU:
-    at once, or from when the file ``once`` exists, and until ``lifted()`` says so (the group is the
-    same throughout, only its quota changes): a test of what a slow node does at one stage need not
-    wait out the others at 15% of a CPU (each torch import takes 20 s there)."""
-    group = CPU_CGROUP / "hpct-node3"
+def throttling(cluster: Cluster, once: Path | None = None, lifted: Callable[[], bool] | None = None, node: str = "node3",
+               percent: int = 15) -> Iterator[str]:
+    """``node``'s slurmd, and so every process of its job steps, in a cgroup held to ``percent``%
+    of one CPU: at once, or from when the file ``once`` exists, and until ``lifted()`` says so (the
+    group is the same throughout, only its quota changes): a test of what a slow node does at one
+    stage need not wait out the others at 15% of a CPU (each torch import takes 20 s there)."""
+    group = CPU_CGROUP / f"hpct-{node}"
+    quota = str(percent * 1000)
     if not (CPU_CGROUP / "cgroup.procs").exists():
         pytest.fail("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu to throttle a node with")
-    slurmd = (cluster.dir / "slurmd-node3.pid").read_text().strip()
+    slurmd = (cluster.dir / f"slurmd-{node}.pid").read_text().strip()
     group.mkdir(exist_ok=True)
     stop = threading.Event()
 
@@ -84,17 +86,17 @@ def throttling(cluster: Cluster, once: Path | None = None, lifted: Callable[[], 
 
     def hold_then_lift() -> None:
         if once is not None:
-            until(once.exists, "15000")
+            until(once.exists, quota)
         if lifted is not None:
             until(lifted, "-1")
 
     waiter = threading.Thread(target=hold_then_lift, daemon=True)
     try:
         (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text("-1" if once else "15000")
+        (group / "cpu.cfs_quota_us").write_text("-1" if once else quota)
         (group / "cgroup.procs").write_text(slurmd)
         waiter.start()
-        yield "node3"
+        yield node
     finally:
         stop.set()
         if waiter.ident is not None:

@@ -4,7 +4,8 @@ The first test stages this test run's own environment (the venv and its base int
 node 0 packs it, the pack flows down a chain (fan-out 1: node1 -> node2 -> node3, so node2
 forwards), every rank imports torch and the stdlib from its own node's copy, and node3's whole
 process tree, counted with strace, makes at most 2% of the file-system calls on the environment's
-paths that it makes without staging. The others stage a small venv built
+paths that it makes without staging; then node2, the chain's middle, made slow and without its
+copy, stops at the deadline and runs from the shared path. The others stage a small venv built
 for the test (tests/smallenv.py: what they prove does not need gigabytes): a second job on the same
 nodes reuses every copy; a node without room stops the job before any worker starts, or runs from
 the shared path with =try; per task, each node's first rank stages."""
@@ -14,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +27,7 @@ import pytest
 
 from .. import smallenv
 from ..conftest import require, unprefixed
-from .conftest import ONE_THREAD, PYTHON
+from .conftest import ONE_THREAD, PYTHON, throttling
 from .harness import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -123,6 +126,37 @@ def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spare
           f"({100 * with_staging / without:.2f}%)")
     assert without > 30_000, without  # three ranks importing torch
     assert with_staging <= 0.02 * without, (with_staging, without)
+
+
+def test_a_slow_middle_node_stops_at_the_deadline_and_runs_from_the_shared_path(cluster: Cluster, job_dir: Path,
+                                                                              stage_root: Path) -> None:
+    """node2, the chain's middle, has no copy of the environment (1.5 GB, packed by the test before:
+    node 0 keeps its pack) and 10% of one CPU; node3 below it has its copy. With
+    HPCTORCH_STAGE_TIMEOUT_S=60 and =try, node2 stops unpacking at its deadline and says so, and
+    the job trains: node2 from the shared path, the others from their copies. Before, nothing
+    bounded a node's unpacking (only 60 s without a byte): node2 unpacked for minutes at 10%."""
+    shutil.rmtree(copies(stage_root, "node2"))
+    out, said = job_dir / "out.txt", "node2 could not stage the environment"
+    started = time.monotonic()
+    seen_at: list[float] = []
+
+    def line_seen() -> bool:  # the quota is lifted then: node2's workers need not import torch at 10%
+        if out.exists() and said in out.read_text(errors="replace"):
+            seen_at.append(time.monotonic() - started)
+            return True
+        return False
+
+    with throttling(cluster, lifted=line_seen, node="node2", percent=10):
+        state, output = job(cluster, job_dir, "--stage-env=try", "--stage-dir", str(stage_root), env="export HPCTORCH_STAGE_TIMEOUT_S=60\n")
+    assert state == "COMPLETED", output[-3000:]
+    assert re.search(r"node2 could not stage the environment \(its staging time \(HPCTORCH_STAGE_TIMEOUT_S\) ran out at [\d.]+ of [\d.]+ MiB\); "
+                     r"it runs from the shared path", output), output[-3000:]
+    # The deadline kept: 60 s from node2's start, which its job's start and its own start at 10% precede.
+    assert seen_at and seen_at[0] < 60 + 60, seen_at
+    seen = ranks(output)
+    assert sorted(int(r["rank"]) for r in seen) == list(range(6)) and {r["sum"] for r in seen} == {"6"}, output[-3000:]
+    for r in seen:
+        assert r["prefix"].startswith(ROOTS) if r["host"] == "node2" else r["prefix"].startswith(str(copies(stage_root, r["host"])) + "/"), r
 
 
 def test_a_second_job_on_the_same_nodes_reuses_every_copy(cluster: Cluster, job_dir: Path, stage_root: Path, small_python: Path) -> None:

@@ -175,8 +175,8 @@ def test_a_damaged_pack_leaves_no_copy(tmp_path: Path) -> None:
     copies_dir.mkdir(mode=0o700)
     with pytest.raises(unpack.UnpackError):
         unpack.receive([bytes(data)], str(copies_dir), "key", [str(venv)], made.size, made.digest)
-    with pytest.raises(unpack.UnpackError, match="received"):
-        unpack.receive([bytes(data[:1000])], str(copies_dir), "key", [str(venv)], made.size, made.digest, keep=False)
+    with pytest.raises(unpack.UnpackError, match=f" 1000 of {made.size} bytes"):
+        unpack.receive([bytes(data[:1000])], str(copies_dir), "key", [str(venv)], made.size, made.digest)
     assert not unpack.ready(str(copies_dir), "key")
     assert list(copies_dir.iterdir()) == []
 
@@ -197,7 +197,44 @@ def _store(server: bool, port: int = 0):  # type: ignore[no-untyped-def]
     return TCPStore("127.0.0.1", port, None, server, timedelta(seconds=30), wait_for_workers=False, multi_tenant=True)
 
 
-def test_the_tree_brings_every_node_the_same_bytes_and_a_stranger_gets_nothing() -> None:
+def _chunked(payload: bytes, size: int = spread.CHUNK) -> list[bytes]:
+    return [payload[i:i + size] for i in range(0, len(payload), size)]
+
+
+def _tree(nnodes: int, fanout: int, payload: bytes, consume_of, spool_dir: Path, deadline_s: float = 60.0,  # type: ignore[no-untyped-def]
+          source=None, idle_s: float = spread.IDLE_S) -> tuple[dict[int, str], dict[int, float]]:
+    """Every node of a tree as a thread; each node's error (if any) and when it returned."""
+    server = _store(True)
+    errors: dict[int, str] = {}
+    ended: dict[int, float] = {}
+    deadline = time.monotonic() + deadline_s
+
+    def node(me: int) -> None:
+        store = server if me == 0 else _store(False, server.port)
+        given = (source if source is not None else _chunked(payload)) if me == 0 else None
+        try:
+            spread.take_part(store, "t/", me, nnodes, "127.0.0.1", "tok", len(payload), consume_of(me), given, fanout, deadline,
+                             idle_s=idle_s, spool_dir=str(spool_dir))
+        except (spread.SpreadError, ValueError) as exc:
+            errors[me] = str(exc)
+        ended[me] = time.monotonic() - (deadline - deadline_s)
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in range(nnodes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(deadline_s + 120)
+    assert not any(thread.is_alive() for thread in threads)
+    return errors, ended
+
+
+def _keeping(got: dict[int, bytes], me: int):  # type: ignore[no-untyped-def]
+    def consume(chunks) -> None:  # type: ignore[no-untyped-def]
+        got[me] = b"".join(chunks)
+    return consume
+
+
+def test_the_tree_brings_every_node_the_same_bytes_and_a_stranger_gets_nothing(tmp_path: Path) -> None:
     payload = os.urandom(3 * spread.CHUNK + 12345)
     nnodes, fanout = 11, 2
     server = _store(True)
@@ -206,17 +243,10 @@ def test_the_tree_brings_every_node_the_same_bytes_and_a_stranger_gets_nothing()
 
     def node(me: int) -> None:
         store = server if me == 0 else _store(False, server.port)
-        parts: list[bytes] = []
-
-        def consume(chunks, forward) -> None:  # type: ignore[no-untyped-def]
-            for chunk in chunks:
-                forward(chunk)
-                parts.append(chunk)
-
-        source = [payload[i:i + 65536] for i in range(0, len(payload), 65536)] if me == 0 else None
+        source = _chunked(payload, 65536) if me == 0 else None
         try:
-            spread.take_part(store, "t/", me, nnodes, "127.0.0.1", "secret", len(payload), consume, source, fanout, time.monotonic() + 60)
-            got[me] = b"".join(parts)
+            spread.take_part(store, "t/", me, nnodes, "127.0.0.1", "secret", len(payload), _keeping(got, me), source, fanout,
+                             time.monotonic() + 60, spool_dir=str(tmp_path))
         except spread.SpreadError as exc:
             errors[me] = str(exc)
 
@@ -228,44 +258,73 @@ def test_the_tree_brings_every_node_the_same_bytes_and_a_stranger_gets_nothing()
     # the address through the server's (a shared client deadlocked here under load for the 30 s).
     address = spread.wait_for(_store(False, server.port), "t/addr/0", time.monotonic() + 30, "node 0")
     with pytest.raises(spread.SpreadError):
-        list(spread.Upstream(address, "guess", 1, idle_s=5).chunks(10))
+        list(spread.Upstream(address, "guess", 1, idle_s=5).chunks(10, time.monotonic() + 30))
     for thread in threads:
         thread.join(120)
     assert not errors
     assert got == {n: payload for n in range(nnodes)}
+    assert os.listdir(tmp_path) == []  # the spools of the nodes with children had no name, and are gone
 
 
-def test_a_parent_that_goes_away_takes_its_subtree_which_says_so() -> None:
+def test_a_slow_node_keeps_neither_its_sibling_nor_its_child_waiting_and_stops_at_its_deadline(tmp_path: Path) -> None:
+    """Node 1 extracts slowly (it takes its first chunk, then waits until both node 2, its sibling,
+    and node 3, its child, have every byte, then takes one chunk a second): neither waits on it,
+    and its own part ends at its deadline, its child served. Before, node 0 forwarded to node 1
+    with a blocking send from its own loop: node 2 and node 3 got nothing more once node 1's
+    socket buffers were full."""
+    payload = os.urandom(48 * spread.CHUNK)
+    got: dict[int, bytes] = {}
+    others_done = threading.Event()
+
+    def consume_of(me: int):  # type: ignore[no-untyped-def]
+        def slow(chunks) -> None:  # type: ignore[no-untyped-def]
+            for index, _chunk in enumerate(chunks):
+                if index == 0:
+                    assert others_done.wait(120), "node 2 and node 3 waited on node 1"
+                time.sleep(1.0)
+
+        def fast(chunks) -> None:  # type: ignore[no-untyped-def]
+            got[me] = b"".join(chunks)
+            if 2 in got and 3 in got:
+                others_done.set()
+
+        return slow if me == 1 else fast
+
+    # Fan-out 2 over 4 nodes: node 0 -> 1, 2; node 1 -> 3.
+    errors, ended = _tree(4, 2, payload, consume_of, tmp_path, deadline_s=15.0)
+    assert got.get(2) == payload and got.get(3) == payload
+    assert set(errors) == {1}, errors
+    assert "HPCTORCH_STAGE_TIMEOUT_S" in errors[1] and "ran out" in errors[1]
+    assert ended[1] < 15.0 + 30.0  # the deadline bounds its extraction (the limit is for a loaded machine)
+
+
+def test_a_node_whose_own_copy_fails_still_forwards_every_byte(tmp_path: Path) -> None:
     payload = os.urandom(4 * spread.CHUNK)
-    server = _store(True)
-    errors: dict[int, str] = {}
-    done: list[int] = []
+    got: dict[int, bytes] = {}
 
-    def node(me: int) -> None:
-        store = server if me == 0 else _store(False, server.port)
+    def consume_of(me: int):  # type: ignore[no-untyped-def]
+        def failing(chunks) -> None:  # type: ignore[no-untyped-def]
+            next(chunks)
+            raise ValueError("no space left on node 1")
 
-        def consume(chunks, forward) -> None:  # type: ignore[no-untyped-def]
-            for index, chunk in enumerate(chunks):
-                if me == 1 and index == 1:
-                    raise spread.SpreadError("node 1 dies")
-                forward(chunk)
+        return failing if me == 1 else _keeping(got, me)
 
-        source = [payload[i:i + spread.CHUNK] for i in range(0, len(payload), spread.CHUNK)] if me == 0 else None
-        try:
-            spread.take_part(store, "d/", me, 5, "127.0.0.1", "tok", len(payload), consume, source, 1, time.monotonic() + 60, idle_s=10)
-            done.append(me)
-        except spread.SpreadError as exc:
-            errors[me] = str(exc)
+    errors, _ = _tree(5, 1, payload, consume_of, tmp_path)  # a chain: 0 -> 1 -> 2 -> 3 -> 4
+    assert errors == {1: "no space left on node 1"}
+    assert {n: got[n] == payload for n in (0, 2, 3, 4)} == {0: True, 2: True, 3: True, 4: True}
 
-    threads = [threading.Thread(target=node, args=(n,)) for n in range(5)]  # a chain: 0 -> 1 -> 2 -> 3 -> 4
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert done == [0]
-    assert errors[1] == "node 1 dies"
-    assert set(errors) == {1, 2, 3, 4}
-    assert "went away" in errors[2] and f"of {len(payload)} bytes" in errors[2]
+
+def test_a_parent_that_goes_away_takes_its_subtree_which_says_so(tmp_path: Path) -> None:
+    payload = os.urandom(4 * spread.CHUNK)
+
+    def source():  # type: ignore[no-untyped-def]
+        yield payload[:spread.CHUNK]
+        raise OSError("node 0's disk failed")
+
+    errors, _ = _tree(5, 1, payload, lambda me: (lambda chunks: list(chunks)), tmp_path, source=source())
+    assert set(errors) == {0, 1, 2, 3, 4}
+    assert "node 0 could not read its pack" in errors[0]
+    assert all(f"went away after {spread.CHUNK} of {len(payload)} bytes" in errors[n] for n in (1, 2, 3, 4)), errors
 
 
 def test_the_staged_interpreter_and_paths() -> None:
@@ -406,32 +465,12 @@ def test_submit_passes_the_staging_options_to_the_run_line(tmp_path: Path, capsy
     assert f"hpctorch run --stage-env=try --stage-env={tmp_path} --stage-dir /dev/shm {script}" in run_line
 
 
-def test_a_leaf_that_has_its_copy_takes_no_bytes_and_its_siblings_get_them_all() -> None:
+def test_a_leaf_that_has_its_copy_takes_no_bytes_and_its_siblings_get_them_all(tmp_path: Path) -> None:
     payload = os.urandom(3 * spread.CHUNK)
-    server = _store(True)
-    got: dict[int, int] = {}
-
-    def node(me: int) -> None:
-        store = server if me == 0 else _store(False, server.port)
-        count = 0
-
-        def consume(chunks, forward) -> None:  # type: ignore[no-untyped-def]
-            nonlocal count
-            for chunk in chunks:
-                forward(chunk)
-                count += len(chunk)
-
-        source = [payload[i:i + spread.CHUNK] for i in range(0, len(payload), spread.CHUNK)] if me == 0 else None
-        spread.take_part(store, "l/", me, 3, "127.0.0.1", "tok", len(payload), consume, source, 2, time.monotonic() + 60,
-                         idle_s=10, wanted=me != 2)
-        got[me] = count
-
-    threads = [threading.Thread(target=node, args=(n,)) for n in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert got == {0: len(payload), 1: len(payload), 2: 0}
+    got: dict[int, bytes] = {}
+    errors, _ = _tree(3, 2, payload, lambda me: None if me == 2 else _keeping(got, me), tmp_path, idle_s=10)
+    assert not errors
+    assert got == {0: payload, 1: payload}
 
 
 def test_what_the_started_processes_inherit(tmp_path: Path) -> None:

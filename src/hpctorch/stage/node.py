@@ -271,21 +271,17 @@ def _given(text: str) -> dict:
 def _spread(plan: Plan, settings: Settings, store, prefix: str, sent: dict, named: dict, copies_dir: str,  # type: ignore[no-untyped-def]
             have: bool, made: pack.Pack | None, deadline: float) -> None:
     shown = progress.Progress(settings.timeout_s)
-    count = 0
 
-    def consume(chunks, forward) -> None:  # type: ignore[no-untyped-def]
-        def passed(chunk: bytes) -> None:
-            nonlocal count
-            forward(chunk)
-            count += len(chunk)
-            if plan.node_rank == 0:
-                shown.tick(lambda: f"staging the environment: {count / 2**20:.0f} of {sent['size'] / 2**20:.0f} MiB sent")
+    def tick(count: int) -> None:
+        if plan.node_rank == 0:
+            shown.tick(lambda: f"staging the environment: {count / 2**20:.0f} of {sent['size'] / 2**20:.0f} MiB sent")
 
-        unpack.receive(chunks, copies_dir, named["key"], named["roots"], sent["size"], sent["digest"], passed, keep=not have)
+    def consume(chunks: Iterator[bytes]) -> None:
+        unpack.receive(chunks, copies_dir, named["key"], named["roots"], sent["size"], sent["digest"])
 
     spread.take_part(store, prefix, plan.node_rank, plan.nnodes, plan.local_addr or plan.master_addr or socket.gethostname(), sent["token"],
-                     sent["size"], consume, made.chunks() if made is not None else None, settings.fanout, deadline, ACCEPT_S,
-                     wanted=not have)
+                     sent["size"], None if have else consume, made.path if made is not None else None, settings.fanout, deadline,
+                     ACCEPT_S, spool_dir=os.path.dirname(copies_dir), tick=tick)
 
 
 def _verdict(plan: Plan, store, prefix: str, outcome: Staged | str, deadline: float, listeners: int) -> dict:  # type: ignore[no-untyped-def]

@@ -68,10 +68,9 @@ class _Reader(io.RawIOBase):
         return count
 
 
-def receive(chunks: Iterable[bytes], base: str, key: str, roots: Iterable[str], size: int, digest: str,
-            on_chunk: Callable[[bytes], None] = lambda _: None, keep: bool = True) -> None:
-    """Take the pack's ``size`` bytes from ``chunks`` (each passed to ``on_chunk``, the relay,
-    as it comes); with ``keep``, extract them as ``<base>/<key>``, else only check them."""
+def receive(chunks: Iterable[bytes], base: str, key: str, roots: Iterable[str], size: int, digest: str) -> None:
+    """Extract the pack's ``size`` bytes from ``chunks`` as ``<base>/<key>``, once their count and
+    SHA-256 are node 0's."""
     hashed = hashlib.sha256()
     count = 0
 
@@ -79,14 +78,8 @@ def receive(chunks: Iterable[bytes], base: str, key: str, roots: Iterable[str], 
         nonlocal count
         hashed.update(chunk)
         count += len(chunk)
-        on_chunk(chunk)
 
     reader = _Reader(iter(chunks), seen)
-    if not keep:
-        while reader.read(CHUNK):
-            pass
-        _check(count, size, hashed.hexdigest(), digest)
-        return
     free = shutil.disk_usage(base).free
     if free < size + SPARE_BYTES:
         raise UnpackError(f"no space for the environment in {base}: it needs {amount(size)}, {amount(free)} free")
