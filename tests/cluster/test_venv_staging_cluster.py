@@ -37,8 +37,9 @@ WHERE = textwrap.dedent("""
     dist.init_process_group("gloo")
     total = torch.ones(1)
     dist.all_reduce(total)
+    libpython = next((line.split()[-1] for line in open("/proc/self/maps") if "/libpython" in line), "none")
     print(f"where host={os.uname().nodename} rank={dist.get_rank()} sum={total.item():.0f} prefix={sys.prefix} torch={torch.__file__} "
-          f"base={sys.base_prefix} json={json.__file__}", flush=True)
+          f"base={sys.base_prefix} json={json.__file__} libpython={libpython}", flush=True)
     dist.destroy_process_group()
     os._exit(0)
 """)
@@ -115,7 +116,8 @@ def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spare
     seen = ranks(output)
     assert sorted(int(r["rank"]) for r in seen) == list(range(9)) and {r["sum"] for r in seen} == {"9"}, output[-3000:]
     for r in seen:
-        for field in ("torch", "prefix", "base", "json"):  # the venv's and its base's (the stdlib) alike
+        # The venv's and its base's (the stdlib, and libpython by LD_LIBRARY_PATH: pyenv's RUNPATH names the shared path) alike.
+        for field in ("torch", "prefix", "base", "json") + (("libpython",) if r["libpython"] != "none" else ()):
             assert r[field].startswith(str(copies(stage_root, r["host"])) + "/"), (field, r)
     assert "hpctorch: the workers run from a copy of" in output
     # Node 0 alone packed; the others received (node3 from node2, fan-out 1).

@@ -34,7 +34,7 @@ def make_env(root: Path, base: Path) -> Path:
     (site / "pkg" / "__init__.py").write_text("VALUE = 1\n")
     (site / "inside.pth").write_text(f"{root}/lib/extra\n")
     (site / "__editable__.project.pth").write_text("/home/me/project/src\n")
-    (base / "bin").mkdir(parents=True)
+    (base / "bin").mkdir(parents=True, exist_ok=True)
     (base / "bin" / "python3").write_bytes(b"\x7fELF\0binary naming " + str(base).encode())
     return root
 
@@ -51,6 +51,73 @@ def test_source_takes_the_venv_and_a_base_that_is_not_the_systems(tmp_path: Path
     assert nested.roots == (str(venv),)
     with pytest.raises(HpctorchError, match="no such folder"):
         environment.source([str(tmp_path / "missing")], prefix=str(venv), base_prefix=str(venv))
+
+
+def make_conda(base: Path) -> Path:
+    """A conda installation's layout (conda's docs: ``conda-meta`` records the installed
+    packages, ``pkgs`` is the package cache, ``envs`` holds the other environments)."""
+    for folder in ("conda-meta", "bin", "lib/python3.11/site-packages/numpy", "pkgs/numpy-1.26.4-py311/info", "envs/other/bin",
+                   "envs/mine/conda-meta", "envs/mine/bin", "conda-bld/work"):
+        (base / folder).mkdir(parents=True, exist_ok=True)
+    (base / "bin" / "python3.11").write_bytes(b"\x7fELF\0")
+    (base / "lib" / "python3.11" / "site-packages" / "numpy" / "__init__.py").write_text("")
+    (base / "pkgs" / "numpy-1.26.4-py311.conda").write_bytes(b"x" * 4096)
+    (base / "envs" / "other" / "bin" / "python3.11").write_bytes(b"\x7fELF\0")
+    (base / "envs" / "mine" / "bin" / "python3.11").write_bytes(b"\x7fELF\0")
+    return base
+
+
+def test_of_a_conda_base_only_what_the_staged_python_imports_is_copied(tmp_path: Path) -> None:
+    """Staging conda's base environment, a venv on conda's Python, or an env with its base named
+    too: the package cache, the build folder and the other environments stay behind."""
+    base = make_conda(tmp_path / "conda")
+    whole = environment.source(prefix=str(base), base_prefix=str(base), executable=str(base / "bin" / "python3.11"))
+    assert whole.roots == (str(base),)
+    assert whole.skip == tuple(str(base / name) for name in ("pkgs", "envs", "conda-bld"))
+    (tmp_path / "stage").mkdir()
+    made = pack.pack(whole.roots, "conda", str(tmp_path / "stage"), whole.skip)
+    copies_dir = tmp_path / "copies"
+    copies_dir.mkdir(mode=0o700)
+    unpack.receive(made.chunks(), str(copies_dir), "conda", whole.roots, made.size, made.digest)
+    copy = copies_dir / "conda" / "0"
+    assert (copy / "lib" / "python3.11" / "site-packages" / "numpy" / "__init__.py").exists()
+    assert sorted(p.name for p in copy.iterdir()) == ["bin", "conda-meta", "lib"]
+    assert environment.key(whole.roots, whole.skip).files == environment.key([str(copy)]).files
+
+    venv = make_env(tmp_path / "venv", base)
+    on_conda = environment.source(prefix=str(venv), base_prefix=str(base), executable=str(venv / "bin" / "python"))
+    assert set(on_conda.skip) == {str(base / "lib" / "python3.11" / "site-packages"), *(str(base / n) for n in ("pkgs", "envs", "conda-bld"))}
+
+    mine = environment.source([str(base)], prefix=str(base / "envs" / "mine"), base_prefix=str(base / "envs" / "mine"),
+                              executable=str(base / "envs" / "mine" / "bin" / "python3.11"))
+    assert mine.roots == (str(base),)
+    assert set(mine.skip) == {str(base / "pkgs"), str(base / "envs" / "other"), str(base / "conda-bld")}
+
+
+def test_the_workers_library_path_names_libpython_alone(tmp_path: Path) -> None:
+    """A Python built with --enable-shared finds libpython on the shared path by its RUNPATH, so the
+    copy's goes on LD_LIBRARY_PATH; the env's other libraries (conda's libssl, libstdc++) must not
+    reach the programs the workers start (git, ssh)."""
+    from hpctorch.stage.node import Staged
+
+    venv = make_env(tmp_path / "venv", tmp_path / "base")
+    for library in ("libpython3.11.so.1.0", "libpython3.11.so", "libssl.so.3", "libstdc++.so.6"):
+        (venv / "lib" / library).write_bytes(library.encode())
+    (tmp_path / "stage").mkdir()
+    made = pack.pack([str(venv)], "key", str(tmp_path / "stage"))
+    copies_dir = tmp_path / "copies"
+    copies_dir.mkdir(mode=0o700)
+    unpack.receive(made.chunks(), str(copies_dir), "key", [str(venv)], made.size, made.digest)
+    copies = unpack.copies_of(str(copies_dir), "key")
+    env = {"PATH": "/usr/bin"}
+    Staged(f"{copies[str(venv)]}/bin/python", dict(copies), "key").export(env)
+    folder = Path(env["LD_LIBRARY_PATH"])
+    assert sorted(p.name for p in folder.iterdir()) == ["libpython3.11.so", "libpython3.11.so.1.0"]
+    assert (folder / "libpython3.11.so.1.0").resolve() == Path(copies[str(venv)]) / "lib" / "libpython3.11.so.1.0"
+    assert (folder / "libpython3.11.so.1.0").read_bytes() == b"libpython3.11.so.1.0"
+    bare = dict(copies)
+    Staged(f"{copies[str(venv)]}/bin/python", {str(tmp_path / "no-libpython"): str(tmp_path / "nowhere")}, "k").export(bare)
+    assert "LD_LIBRARY_PATH" not in bare
 
 
 def test_the_key_changes_with_any_file_and_only_then(tmp_path: Path) -> None:
@@ -479,10 +546,11 @@ def test_what_the_started_processes_inherit(tmp_path: Path) -> None:
     copy = tmp_path / "0"
     (copy / "lib").mkdir(parents=True)
     (copy / "lib" / "libpython3.11.so.1.0").write_bytes(b"")
+    relocate.link_libpython({"/env": str(copy)}, str(tmp_path))
     env = {"PATH": "/usr/bin", "VIRTUAL_ENV": "/env", "LD_LIBRARY_PATH": "/opt/lib"}
     Staged(f"{copy}/bin/python", {"/env": str(copy)}, "k").export(env)
     assert env["PATH"] == f"{copy}/bin:/usr/bin"
-    assert env["LD_LIBRARY_PATH"] == f"{copy}/lib:/opt/lib"
+    assert env["LD_LIBRARY_PATH"] == f"{copy}.libpython:/opt/lib"
     assert env["VIRTUAL_ENV"] == str(copy)
     assert staged.python(env) == f"{copy}/bin/python" and staged.pythons(env) == (sys.executable, sys.executable)
 

@@ -2,7 +2,8 @@
 
 The workers' interpreter runs from its prefix (a venv, a conda env, a uv-managed or pyenv
 Python); a venv's base interpreter comes too unless it is the operating system's (under /usr,
-already on every node's own disk). The key hashes every file's path, size, mtime, ctime, inode
+already on every node's own disk). Of a conda base only what its Python imports comes: not its
+package cache or its other environments. The key hashes every file's path, size, mtime, ctime, inode
 and mode (and each link's target): a file replaced with the same size and mtime (``cp -p``,
 ``rsync -a``, an edit within the same second) has another inode or ctime, so it changes the key;
 an unchanged environment keeps its key, so node 0 packs it once and a node
@@ -22,6 +23,9 @@ from ..errors import HpctorchError
 
 SYSTEM_PREFIXES = ("/usr", "/usr/local", "/")
 """Interpreters installed with the operating system: on every node's own disk already."""
+CONDA_ASIDE = ("pkgs", "envs", "conda-bld")
+"""In a conda installation's base: its package cache, its other environments and its build
+folder, often tens of GB that the environment being staged never imports."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,35 @@ def source(extra: Sequence[str] = (), prefix: str = sys.prefix, base_prefix: str
         import glob  # node 0's walk alone
 
         skip = sorted(glob.glob(os.path.join(os.path.realpath(base_prefix), "lib*", "python*", "site-packages")))
+    kept = [os.path.realpath(p) for p in (prefix, *extra)]
+    for root in roots:
+        skip.extend(_conda_aside(root, kept))
     # The interpreter by the name it was started with (a venv's bin/python is a link whose own
     # folder holds pyvenv.cfg), in its folder's real path.
     python = os.path.join(os.path.realpath(os.path.dirname(executable)), os.path.basename(executable))
     return Source(tuple(roots), python, tuple(skip))
+
+
+def _conda_aside(root: str, kept: Sequence[str]) -> list[str]:
+    """What of a conda base (``conda-meta`` in it) the staged interpreter never imports: its
+    package cache and build folder, and every environment in ``envs`` but one holding a ``kept``
+    folder (the environment being staged, or a folder named with ``--stage-env=DIR``)."""
+    if not os.path.isdir(os.path.join(root, "conda-meta")):
+        return []
+
+    def holds(folder: str) -> bool:
+        return any(path == folder or path.startswith(folder + "/") for path in kept)
+
+    aside: list[str] = []
+    for name in CONDA_ASIDE:
+        folder = os.path.join(root, name)
+        if not os.path.isdir(folder) or os.path.islink(folder):
+            continue
+        if not holds(folder):
+            aside.append(folder)
+            continue
+        aside.extend(path for path in sorted(os.path.join(folder, entry) for entry in os.listdir(folder)) if not holds(path))
+    return aside
 
 
 def _isolated_venv(prefix: str) -> bool:

@@ -31,7 +31,7 @@ from ..errors import HpctorchError
 from ..guard import authority
 from ..host import folders
 from ..plan.types import Plan
-from . import environment, inventory, pack, spread, unpack
+from . import environment, inventory, pack, relocate, spread, unpack
 
 TIMEOUT_S = 600.0
 """Default bound on a node's whole staging (``HPCTORCH_STAGE_TIMEOUT_S``)."""
@@ -86,8 +86,8 @@ class Staged:
         env[staged.ENV] = json.dumps({"python": self.python, "roots": self.copies, "key": self.key, "original": sys.executable})
         env["PATH"] = os.pathsep.join([os.path.dirname(self.python), *[p for p in env.get("PATH", "").split(os.pathsep) if p]])
         # A Python built with --enable-shared finds libpython by its RUNPATH, the shared path;
-        # LD_LIBRARY_PATH comes first.
-        libs = [os.path.join(c, "lib") for c in self.copies.values() if _has_libpython(os.path.join(c, "lib"))]
+        # LD_LIBRARY_PATH comes first, and names libpython alone.
+        libs = [folder for folder in map(relocate.libpython_folder, self.copies.values()) if os.path.isdir(folder)]
         if libs:
             env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, *[p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]])
         for name in ("VIRTUAL_ENV", "CONDA_PREFIX"):
@@ -106,13 +106,6 @@ class Staged:
 
         sys.path[:] = [moved(p) for p in sys.path]
         importlib.invalidate_caches()
-
-
-def _has_libpython(folder: str) -> bool:
-    try:
-        return any(name.startswith("libpython") and ".so" in name for name in os.listdir(folder))
-    except OSError:
-        return False
 
 
 class _Problem(Exception):

@@ -38,6 +38,29 @@ def relocate(copies: Mapping[str, str], top: str) -> int:
     return changed
 
 
+def libpython_folder(final: str) -> str:
+    """Where the links to the copy ``final``'s libpython lie, beside it: ``LD_LIBRARY_PATH``
+    names this folder, not the copy's whole ``lib/``, so the programs the workers start (git,
+    ssh) never load the environment's own libssl or libstdc++ (a conda env holds both)."""
+    return os.path.join(os.path.dirname(final), f"{os.path.basename(final)}.libpython")
+
+
+def link_libpython(copies: Mapping[str, str], top: str) -> None:
+    """For each copy in ``copies`` (still under ``top``) whose ``lib/`` holds a libpython (a Python
+    built with --enable-shared, found by its RUNPATH on the shared path), links to it alone."""
+    for final in copies.values():
+        name = os.path.basename(final)
+        try:
+            found = sorted(n for n in os.listdir(os.path.join(top, name, "lib")) if n.startswith("libpython") and ".so" in n)
+        except OSError:
+            continue
+        if found:
+            folder = libpython_folder(os.path.join(top, name))
+            os.mkdir(folder, 0o700)
+            for library in found:  # relative: they hold after the copy is renamed to its key
+                os.symlink(os.path.join("..", name, "lib", library), os.path.join(folder, library))
+
+
 def _pattern(copies: Mapping[str, str]) -> re.Pattern[bytes]:
     # An original folder as a whole path component: /env matches /env/bin, never /env2.
     names = sorted(copies, key=len, reverse=True)

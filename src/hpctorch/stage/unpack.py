@@ -19,7 +19,7 @@ from ..host.folders import private_dir, replace_file, why_unsafe
 from . import inventory
 from .inventory import MARK
 from .pack import CHUNK, amount
-from .relocate import relocate
+from .relocate import link_libpython, relocate
 
 SPARE_BYTES = 64 << 20
 
@@ -95,6 +95,7 @@ def receive(chunks: Iterable[bytes], base: str, key: str, roots: Iterable[str], 
         _check(count, size, hashed.hexdigest(), digest)
         copies = final_paths(base, key, roots)
         relocate(copies, temporary)
+        link_libpython(copies, temporary)
         replace_file(os.path.join(temporary, MARK), json.dumps({"key": key, "roots": copies, "made": time.time()}))
         try:
             os.rename(temporary, os.path.join(base, key))
