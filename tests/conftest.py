@@ -22,6 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # A job the tests start may name a bad node (the screen, a straggler, a SIGBUS): never in the user's
 # own list, which their next 'hpctorch submit' would read.
 os.environ.setdefault("HPCTORCH_BAD_NODES", os.path.join(tempfile.mkdtemp(prefix="hpctorch-tests-"), "bad-nodes.jsonl"))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A run's secret (guard.authority's file mechanism) is kept by run id in the user's state
+    # folder, and tests reuse run ids ("wd"): two workers side by side replaced each other's, and
+    # a watchdog then met the other's secret and ran unwatched. Each worker keeps its own, as two
+    # jobs never share a run id.
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="hpctorch-state-")
 EXAMPLES = ROOT / "examples"
 STRICT = os.environ.get("HPCTORCH_REQUIRE_CLUSTER") == "1"
 
