@@ -124,9 +124,10 @@ def test_a_spare_that_moved_in_is_watched_like_the_seat_it_took(monkeypatch: pyt
     wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(4)]))
     dogs[1]._stop.set()  # node 1 is lost whole
     wait_for(lambda: server.get("hpctorch/wd/beat/1") == watchdog.REPLACED)
-    index = server.add("hpctorch/wd/spares/in", 1)  # the spare moves in, as start.spares says it
-    server.set(f"hpctorch/wd/spares/in/{index}", "n3")
-    server.set(f"hpctorch/wd/spares/in/{index}/node", "3")
+    index = server.add("hpctorch/wd/spares/in", 1)  # the spare moves in, as start.spares says it: sealed
+    sealed = authority.SealedStore(server, authority.node0_seal("wd"))
+    sealed.set(f"hpctorch/wd/spares/in/{index}", "n3")
+    sealed.set(f"hpctorch/wd/spares/in/{index}/node", "3")
     before = server.add("hpctorch/wd/beat/0", 0)
     wait_for(lambda: server.add("hpctorch/wd/beat/0", 0) >= before + 2)  # node 0 judged past the move
     assert acted == {}
@@ -144,8 +145,9 @@ def test_a_spare_whose_watchdog_never_beat_is_not_waited_for() -> None:
     server, dogs, acted = _start_with_spares(3)
     wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(3)]))
     index = server.add("hpctorch/wd/spares/in", 1)
-    server.set(f"hpctorch/wd/spares/in/{index}", "n7")
-    server.set(f"hpctorch/wd/spares/in/{index}/node", "7")  # beat/7: never written
+    sealed = authority.SealedStore(server, authority.node0_seal("wd"))
+    sealed.set(f"hpctorch/wd/spares/in/{index}", "n7")
+    sealed.set(f"hpctorch/wd/spares/in/{index}/node", "7")  # beat/7: never written
     before = server.add("hpctorch/wd/beat/0", 0)
     wait_for(lambda: server.add("hpctorch/wd/beat/0", 0) >= before + 3)  # node 0 polled on for 6 s
     assert acted == {}

@@ -1,7 +1,8 @@
 """Hot spares' policy (``start.spares``) on a real TCPStore and torch's real c10d rendezvous
 handlers, two "nodes" as handlers of one process: the first failed node claims the round's fault,
 a death by a signal outranks an exit, the master restarts in place, the spare count holds, and a
-spare waits in torch's redundancy list until a node leaves, then moves in."""
+spare waits in torch's redundancy list until a node leaves, then moves in. The records that steer
+a node are sealed: a stranger's planted claim, ``ready`` or slot is never acted on."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import time
 
 import pytest
 
+from hpctorch.guard import authority
+from hpctorch.guard.judge import Judge
+from hpctorch.guard.keys import spares_prefix
 from hpctorch.host.network import free_port
 from hpctorch.plan.types import Plan
 from hpctorch.start import spares
@@ -36,11 +40,17 @@ def _failure(local_rank: int, exitcode: int):  # type: ignore[no-untyped-def]
     return ProcessFailure(local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode, error_file="")
 
 
+def _seal():  # type: ignore[no-untyped-def]
+    """The run's seal as node 0 makes it (once per process: every "node" here is in this one, so
+    the handlers' creator takes it as node 0's own, ``authority.run_seal``)."""
+    return authority.node0_seal("spares-test")
+
+
 def _seats(port: int, nnodes: int = 3, spares_count: int = 1) -> list[spares.Seat]:
     seats = []
     for node in range(nnodes):
         seat = spares.Seat(_plan(node, nnodes, port), spares_count, nnodes, spare=False, host=f"nid{node}")
-        seat.store, seat.round = _store(port, False), 0
+        seat.store, seat.round, seat.seal = _store(port, False), 0, _seal()
         seats.append(seat)
     return seats
 
@@ -110,7 +120,7 @@ def test_one_claim_per_round_and_none_before_the_seat_is_taken() -> None:
     node.failed(object(), {0: _failure(0, -9)})  # torch closes a round's context twice (its poll, then the agent)
     assert node.leaving is None
     waiting = spares.Seat(_plan(2, 3, port), 1, 2, spare=True, host="nid2")
-    waiting.store = node.store
+    waiting.store, waiting.seal = node.store, node.seal
     waiting.failed(object(), {0: _failure(0, -9)})
     assert waiting.leaving is None
 
@@ -118,6 +128,7 @@ def test_one_claim_per_round_and_none_before_the_seat_is_taken() -> None:
 def _handler(seat: spares.Seat, port: int, seats: int):  # type: ignore[no-untyped-def]
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
+    _seal()
     spares.seat_for(seat)
     params = RendezvousParameters(backend=spares.BACKEND, endpoint=f"127.0.0.1:{port}", run_id="spares-test", min_nodes=seats,
                                   max_nodes=seats, join_timeout=30, is_host="false", keep_alive_interval=1)
@@ -161,7 +172,7 @@ def test_a_spare_waits_in_torch_s_rendezvous_and_moves_in_when_the_failed_node_l
     waiting.join(timeout=60)
     assert moved and spare.joined and spare.round == 1, moved
     assert "nid2 moves in from the spares: the job goes on in round 1" in capsys.readouterr().err
-    assert spare.store.get(spare.prefix + "in/1") == b"nid2"
+    assert spare.sealed.get(spare.prefix + "in/1") == b"nid2"
     spare_handler.shutdown()  # a seated node ends with the job: it closes the rendezvous
 
 
@@ -236,3 +247,45 @@ def test_without_torch_s_round_every_node_of_a_round_keys_its_claim_alike() -> N
         readers[0].join(timeout=30)
         assert seated[0].round == seated[1].round == round_, (round_, seated[0].round, seated[1].round)
     assert spare.round == 1 and first.round == 1  # a count of the spare's own rounds would say 0
+
+
+def test_a_planted_fault_claim_never_makes_a_node_leave(capsys) -> None:  # type: ignore[no-untyped-def]
+    """A stranger who reaches the store names node 1 in the round's claim before node 1 claims:
+    unsealed, it is not node 1's win (before, node 1 left the job for a spare on it)."""
+    port = free_port()
+    server = _store(port, True)
+    _, node, _ = _seats(port)
+    server.set(node.prefix + "fault/0", "1")
+    node.failed(object(), {0: _failure(0, -9)})
+    assert node.leaving is None
+    assert server.add(node.prefix + "used", 0) == 0
+
+
+def test_a_spare_moves_in_only_once_a_seated_node_sealed_ready() -> None:
+    port = free_port()
+    server = _store(port, True)
+    seated, _, _ = _seats(port)
+    spare = spares.Seat(_plan(2, 3, port), 1, 2, spare=True, host="nid2")
+    spare.store, spare.seal = _store(port, False), _seal()
+    server.set(spare.prefix + "ready", "1")  # planted
+    assert not spare._ready()
+    seated.sealed.set(seated.prefix + "ready", "1")
+    assert spare._ready()
+
+
+def test_node_0_watches_a_spare_by_its_sealed_slot_and_passes_over_a_planted_one() -> None:
+    port = free_port()
+    server = _store(port, True)
+    sealed = authority.SealedStore(server, _seal())
+    prefix = spares_prefix("spares-test")
+    server.add(prefix + "in", 1)  # a stranger numbers itself first and plants slot 1: node 0 (its own) would be watched
+    server.set(prefix + "in/1", "stranger")
+    server.set(prefix + "in/1/node", "0")
+    server.add(prefix + "in", 1)  # the spare that really moved in
+    sealed.set(prefix + "in/2", "nid3")
+    sealed.set(prefix + "in/2/node", "2")
+    server.add("hpctorch/spares-test/beat/2", 1)
+    judge = Judge(_plan(0, 3, port), spares=1)
+    judge._watch_movers(server, sealed)
+    assert judge.moved_seen == 2
+    assert judge.movers == [("hpctorch/spares-test/beat/2", "nid3 (a hot spare that moved in)")]

@@ -81,7 +81,9 @@ class Judge:
         store.add(f"hpctorch/{self.plan.run_id}/stacks/want", 1)
         return None
 
-    def verdict(self, store, beats: list[str], now: float) -> str | None:  # type: ignore[no-untyped-def]
+    def verdict(self, store, beats: list[str], now: float, sealed) -> str | None:  # type: ignore[no-untyped-def]
+        """Why the job must end now, or None. ``sealed``: ``store`` under the run's seal, for the
+        records of spares that moved in."""
         if not self.all_started:
             # One request until every node has beaten once: the rendezvous timeout covers a late
             # start, or, where the workers started first (nodewatch), NEVER_BEAT_S after all were up.
@@ -94,7 +96,7 @@ class Judge:
                             f"{NEVER_BEAT_S:.0f} s after every node's workers started" + (f" ({len(missing)} node(s) in all)" if len(missing) > 1 else ""))
             return None
         if self.spares:
-            self._watch_movers(store)
+            self._watch_movers(store, sealed)
         watched = [*beats, *(key for key, _name in self.movers)]
         for node, value in enumerate(store.multi_get(watched)):
             if value in (DONE, REPLACED):
@@ -112,19 +114,20 @@ class Judge:
     def _host(self, node: int) -> str:
         return self.plan.nodes[node] if node < len(self.plan.nodes) else f"node {node}"
 
-    def _watch_movers(self, store) -> None:  # type: ignore[no-untyped-def]
-        """A spare that moved in (``start.spares``: it numbers itself in ``in`` and names its slot)
-        is watched from then on, like the seat it took: lost whole later, it is named, not missed.
-        One request a poll, two per spare once, and one a poll until its watchdog first beat."""
+    def _watch_movers(self, store, sealed) -> None:  # type: ignore[no-untyped-def]
+        """A spare that moved in (``start.spares``: it numbers itself in ``in`` and names its slot,
+        both sealed) is watched from then on, like the seat it took: lost whole later, it is named,
+        not missed. One request a poll, two per spare once, and one a poll until its watchdog first
+        beat. A slot that does not check (planted at a number a stranger took) is passed over."""
         prefix = spares_prefix(self.plan.run_id)
         self.moved = int(store.add(prefix + "in", 0))
         while self.moved_seen < self.moved:
             slot, host = f"{prefix}in/{self.moved_seen + 1}/node", f"{prefix}in/{self.moved_seen + 1}"
             if not store.check([slot, host]):
                 return  # numbered, its slot not written yet: at the next poll
-            node, name = store.multi_get([slot, host])
+            node, name = sealed.opened([slot, host])
             self.moved_seen += 1
-            if node.isdigit():  # anything else was not written by a spare of this job
+            if node is not None and name is not None and node.isdigit():  # anything else was not written by a spare of this job
                 self.arriving.append((beat_key(self.plan.run_id, int(node)),
                                       f"{printable(name.decode(errors='replace'), lines=False)} (a hot spare that moved in)"))
         # Watched once its counter exists: a multi_get waits for every key it names.

@@ -372,7 +372,7 @@ class JobWatchdog:
                 master_finished = state == FINISHED
                 if judge is not None:
                     self.requests += 1
-                    reason = judge.verdict(store, self._beats, now) or judge.stalled(store, self._outs, now)
+                    reason = judge.verdict(store, self._beats, now, self._sealed(store)) or judge.stalled(store, self._outs, now)
                     if reason:
                         self._set_abort(store, reason)
                         self._abort(store, reason)

@@ -85,12 +85,21 @@ class Seat:
     """Why this node leaves (its failed rank, its exit code), once it claimed a fault and a spare was left."""
     round: int = -1
     store = None  # type: ignore[no-untyped-def]
+    seal = None  # type: ignore[no-untyped-def]
+    """This run's seal (``guard.authority``): the fault claim, ``ready`` and a spare's slot are
+    sealed, so a stranger who reaches the store cannot make a node leave or name a slot."""
     handler = None  # type: ignore[no-untyped-def]
 
     def __post_init__(self) -> None:
         self.joined = not self.spare
         self.prefix = spares_prefix(self.plan.run_id)
         self._claimed: set[int] = set()
+
+    @property
+    def sealed(self):  # type: ignore[no-untyped-def]
+        from ..guard.authority import SealedStore
+
+        return SealedStore(self.store, self.seal)
 
     # -- the fault ------------------------------------------------------------------------------
 
@@ -107,7 +116,8 @@ class Seat:
         if not killed:
             time.sleep(RAISED_WAIT_S)
         try:
-            won = self.store.compare_set(f"{self.prefix}fault/{self.round}", "", me) == me
+            # A claim there that does not check (planted) raises: this node restarts in place.
+            won = self.sealed.compare_set(f"{self.prefix}fault/{self.round}", "", me) == me
             if not won:
                 return  # a peer's rank failed first: this node's ranks broke on it, and restart
             lost = [] if killed else self._lost_peers()
@@ -145,7 +155,7 @@ class Seat:
             return self._move_in(original)
         info = original()
         self._note_round(info)
-        self.store.set(f"{self.prefix}ready", "1")  # type: ignore[union-attr]  # the round is complete: spares may join now
+        self.sealed.set(f"{self.prefix}ready", "1")  # the round is complete: spares may join now
         return info
 
     def shutdown(self, original) -> bool:  # type: ignore[no-untyped-def]
@@ -162,9 +172,8 @@ class Seat:
     def _move_in(self, original):  # type: ignore[no-untyped-def]
         from torch.distributed.elastic.rendezvous import RendezvousError
 
-        ready = f"{self.prefix}ready"
         try:
-            while not self.store.check([ready]):  # type: ignore[union-attr]
+            while not self._ready():
                 time.sleep(POLL_S)
         except SpareDone:
             raise
@@ -178,13 +187,26 @@ class Seat:
         self._note_round(info)
         try:
             index = self.store.add(f"{self.prefix}in", 1)  # type: ignore[union-attr]
-            self.store.set(f"{self.prefix}in/{index}", self.host)  # type: ignore[union-attr]
+            self.sealed.set(f"{self.prefix}in/{index}", self.host)
             # Its watchdog slot: node 0 watches it from now on, as the seat it took.
-            self.store.set(f"{self.prefix}in/{index}/node", str(self.plan.node_rank))  # type: ignore[union-attr]
+            self.sealed.set(f"{self.prefix}in/{index}/node", str(self.plan.node_rank))
         except Exception:  # noqa: BLE001 - node 0's summary misses its name, and its watch this node
             pass
         _say(f"{self.host} moves in from the spares: the job goes on in round {self.round} of torch's rendezvous")
         return info
+
+    def _ready(self) -> bool:
+        """The first round is complete, as a seated node sealed it (a planted ``ready`` is not)."""
+        from ..guard.authority import AuthError
+
+        ready = f"{self.prefix}ready"
+        if not self.store.check([ready]):  # type: ignore[union-attr]
+            return False
+        try:
+            self.sealed.get(ready)
+            return True
+        except AuthError:
+            return False  # a seated node's set replaces it
 
     def _leave(self) -> None:
         """Out of the participants at once, so the spare moves in now, not when the heartbeats expire."""
@@ -262,11 +284,24 @@ def _create(params):  # type: ignore[no-untyped-def]
     backend, store = create_backend(params)
     handler = create_handler(store, backend, params)
     seat.store, seat.handler = store, handler
+    seat.seal = _run_seal(store, seat.plan, params.endpoint)
     next_rendezvous, shutdown = handler.next_rendezvous, handler.shutdown
     handler.next_rendezvous = lambda: seat.next_rendezvous(next_rendezvous)
     handler.shutdown = lambda: seat.shutdown(shutdown)
     handler.get_backend = lambda: BACKEND  # torch's registry checks the name it was asked for
     return handler
+
+
+def _run_seal(store, plan: Plan, endpoint: str):  # type: ignore[no-untyped-def]
+    """The run's seal: node 0's own where this process published it, else node 0's record in
+    the rendezvous' store, authenticated (this node's hpctorch did it before the agent started;
+    a failure here stops the node in one line)."""
+    from dataclasses import replace
+
+    from ..guard import authority
+
+    host, _, port = endpoint.rpartition(":")
+    return authority.run_seal(store, replace(plan, master_addr=host, master_port=int(port)), plan.rdzv_timeout)
 
 
 def stop_waiting(_signum: int, _frame: object) -> None:
