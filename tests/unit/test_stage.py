@@ -622,3 +622,43 @@ def test_a_pack_whose_members_leave_the_copy_is_refused(tmp_path: Path, monkeypa
     data = packed(("file", "0/ok", "fine"), ("sym", "0/link", "ok"))
     unpack.receive([data], str(copies_dir), "fine", [str(tmp_path / "venv")], len(data), hashlib.sha256(data).hexdigest())
     assert (copies_dir / "fine" / "0" / "link").read_text() == "fine"
+
+
+def test_a_run_path_into_a_staged_folder_becomes_the_way_from_the_file() -> None:
+    copies = {"/opt/py": "/tmp/c/k/1", "/env": "/tmp/c/k/0"}
+    assert relocate.runpath.relative("/opt/py/lib", "/tmp/c/k/1/bin/python3.11", copies) == "$ORIGIN/../lib"
+    assert relocate.runpath.relative("/opt/py/lib", "/tmp/c/k/1/lib/libpython3.11.so.1.0", copies) == "$ORIGIN"
+    assert relocate.runpath.relative("/opt/py/lib:/usr/lib64:$ORIGIN/x", "/tmp/c/k/1/lib/python3.11/lib-dynload/_ssl.so",
+                                     copies) == "$ORIGIN/../..:/usr/lib64:$ORIGIN/x"
+    assert relocate.runpath.relative("/opt/python/lib", "/tmp/c/k/1/bin/python3", copies) == "/opt/python/lib"  # not staged
+
+
+def test_the_copy_of_a_shared_libpython_interpreter_loads_its_own_libpython(tmp_path: Path) -> None:
+    """The real interpreter and its libpython, copied and mended as a staged copy is: the copy's
+    binary runs with no LD_LIBRARY_PATH, loading the copy's libpython, where before its RUNPATH
+    named the original folder (the shared path) and every process looked there first."""
+    import sysconfig
+
+    original = Path(sys.base_prefix)
+    library = original / "lib" / str(sysconfig.get_config_var("INSTSONAME") or "")
+    binary = original / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED") or not library.is_file() or not binary.is_file():
+        pytest.skip("this Python is not built with a shared libpython (--enable-shared)")
+    top = tmp_path / "unpacked"
+    for source in (binary, library):
+        target = top / "0" / source.parent.name / source.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+        target.chmod(0o555)  # as a read-only library comes out of a pack
+    final = tmp_path / "copies" / "key" / "0"
+    relocate.relocate({str(original): str(final)}, str(top))
+    final.parent.parent.mkdir()
+    top.rename(final.parent)
+    copied = final / "bin" / binary.name
+    assert os.stat(copied).st_mode & 0o777 == 0o555
+    probe = "print(next(line.split()[-1] for line in open('/proc/self/maps') if 'libpython' in line))"
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    ran = subprocess.run([str(copied), "-c", probe], capture_output=True, text=True, env={**env, "PYTHONHOME": str(original)},
+                         timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == str(final / "lib" / library.name)

@@ -1,7 +1,8 @@
 """Mend a copy of an environment for its new place, as conda-pack and ``venv --upgrade`` do:
 links that point into a staged folder point at its copy, a venv's ``pyvenv.cfg`` names the
-staged base interpreter, and the scripts in ``bin/`` (shebangs, ``activate``) and the ``.pth``
-files name the copy. Paths outside the staged folders (an editable install's project, the
+staged base interpreter, the scripts in ``bin/`` (shebangs, ``activate``) and the ``.pth``
+files name the copy, and programs' and libraries' run paths into a staged folder are relative
+(``runpath``). Paths outside the staged folders (an editable install's project, the
 system's libraries) are left as they are: the project being developed stays where it is."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 from collections.abc import Mapping
 
 from ..staged import map_with
+from . import runpath
 
 TEXT_LIMIT = 1 << 20
 """Scripts are small; a bigger file in bin/ is a program, never rewritten."""
@@ -35,6 +37,8 @@ def relocate(copies: Mapping[str, str], top: str) -> int:
                 for name in names:
                     if name.endswith(".pth"):
                         changed += _rewrite(os.path.join(folder, name), pattern, copies)
+        for path in runpath.candidates(here):
+            changed += runpath.rewrite(path, os.path.join(final, os.path.relpath(path, here)), copies)
     return changed
 
 
