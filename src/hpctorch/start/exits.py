@@ -44,12 +44,15 @@ def exited_at(pid: int) -> float | None:
 def install() -> None:
     """Watch every worker torch's agent starts, from ``PContext.start`` (torch 2.1 to 2.13: every
     attempt's workers go through it; ``pids()`` names them once started)."""
+    import functools
+
     from torch.distributed.elastic.multiprocessing.api import PContext
 
     original = PContext.start
     if getattr(original, "_hpctorch", False):
         return
 
+    @functools.wraps(original)  # the markers of the wrappers below travel up with __dict__
     def start(context, *args, **kwargs):  # type: ignore[no-untyped-def]
         result = original(context, *args, **kwargs)
         try:

@@ -150,10 +150,11 @@ def run_per_node(
     """
     from torch.distributed.launcher.api import elastic_launch
 
-    from . import exits, torchlogs
+    from . import exits, gpurelease, torchlogs
 
     torchlogs.quiet()
     exits.install()
+    gpurelease.install()
     assert plan.master_addr is not None, "the exchange runs before the final plan"
     os.environ.update(plan.common_env)
     stacks_env(os.environ)  # type: ignore[arg-type]
