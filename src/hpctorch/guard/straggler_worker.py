@@ -38,6 +38,7 @@ import inspect
 import json
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -198,11 +199,31 @@ def _started(module) -> None:  # type: ignore[no-untyped-def]
         import atexit
 
         path = os.path.join(directory, f"{os.environ.get('LOCAL_RANK', '0')}.json")
-        METER.on_progress = lambda: _publish(path)  # the agent reads from it that this attempt trained (start.attempts)
+        # The agent reads from it that this attempt trained (start.attempts), and what a warm
+        # standby for this local rank imports (start.standby).
+        METER.on_progress = lambda: (_publish(path), _write_modules(directory))
         threading.Thread(target=_publish_loop, args=(path,), name="hpctorch-stragglers", daemon=True).start()
         atexit.register(_publish, path)  # the last seconds too, for the closing summary
         if os.environ.get("HPCTORCH_STRAGGLERS_NODE"):  # per task: this rank is its node's side of the watch
             threading.Thread(target=_node_loop, args=(module, directory), name="hpctorch-stragglers-node", daemon=True).start()
+
+
+def modules_file(directory: str, local_rank: str | int) -> str:
+    """Where local rank ``local_rank``'s worker names the modules it imported (``_write_modules``)."""
+    return os.path.join(directory, f"{local_rank}.modules")
+
+
+def _write_modules(directory: str) -> None:
+    """The installed packages' modules this rank imported by its first collective (the script's
+    own and the standard library's left out), one name a line: what its standby imports ahead."""
+    from ..host.folders import replace_file
+
+    names = sorted(name for name, module in list(sys.modules.items())
+                   if "-packages" in (getattr(module, "__file__", None) or "") and not name.startswith("hpctorch"))
+    try:
+        replace_file(modules_file(directory, os.environ.get("LOCAL_RANK", "0")), "\n".join(names) + "\n")
+    except OSError:
+        pass
 
 
 def _device_recorder(module):  # type: ignore[no-untyped-def]

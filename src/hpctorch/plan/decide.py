@@ -240,7 +240,9 @@ def _starter(options: Options, nnodes: int) -> tuple[str, str]:
     if options.rdzv_backend:
         needs.append(f"--rdzv-backend {options.rdzv_backend}")
     if needs:
-        return "torch", "torch's elastic agent: " + ", ".join(needs)
+        warm = ("; each local rank keeps a warm standby (torch imported ahead, a CUDA context where there is a GPU; "
+                "HPCTORCH_STANDBY=0: off) that becomes its next worker" if options.max_restarts else "")
+        return "torch", "torch's elastic agent: " + ", ".join(needs) + warm
     if nnodes > 1:
         return "hpctorch", ("no restarts: hpctorch starts the workers at once (torch's agent would import torch first); "
                             "they meet at rank 0's store, after the nodes' agreement; a helper per node runs the watchdog")

@@ -159,6 +159,9 @@ def run_per_node(
     os.environ.update(plan.common_env)
     stacks_env(os.environ)  # type: ignore[arg-type]
     straggle_dir = stragglers_env(os.environ, plan)  # type: ignore[arg-type]
+    from . import standby
+
+    standbys = standby.install(straggle_dir) if standby.enabled(os.environ, plan.max_restarts) else None
     _file_store_env(plan, os.environ)  # type: ignore[arg-type]
     specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)
     config = _launch_config(plan, specs, prefix, seat)
@@ -283,6 +286,8 @@ def run_per_node(
         watchdog.finished()
         requeue_after = True
     finally:
+        if standbys is not None:
+            standby.uninstall()
         if alone is not None:
             watchdog.final.update(alone.stop())  # type: ignore[arg-type]
         if stalled is not None:

@@ -1,0 +1,147 @@
+"""Benchmark 12: the time a restart loses. 2 nodes x 2 ranks (the namespace cluster when root,
+else simulated nodes on loopback), ``--max-restarts 1``; each step is a DDP-like all_reduce and
+0.1 s of compute, and rank 3 is SIGKILLed at step 25 of the first attempt. Lost time: the first
+step after the restart minus the last step before, on rank 0's clock. hpctorch (warm standbys,
+the default; and without them, ``HPCTORCH_STANDBY=0``) against torchrun with the same c10d
+rendezvous typed by hand, interleaved.
+
+    python -m benchmarks.restart [--repeats 3] [--no-cluster] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from hpctorch.host.network import free_port
+
+from .common import PYTHON, clean_env, cluster_available, interleaved, kill_trees, save, summary, table
+
+STEPS = """
+import os, signal, sys, time
+import torch, torch.distributed as dist
+steps_file, die_at, after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dist.init_process_group("gloo")
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+grad = torch.ones(1 << 16)
+for step in range(die_at + 10 if attempt == 0 else after):
+    dist.all_reduce(grad)
+    time.sleep(0.1)  # the step's compute
+    if dist.get_rank() == 0:
+        with open(steps_file, "a") as out:
+            out.write(f"{attempt} {step} {time.time():.6f}\\n")
+    if attempt == 0 and step == die_at and dist.get_rank() == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+dist.destroy_process_group()
+"""
+
+
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""torch's own opt-out, which hpctorch sets for its restarts too: with the store shared across
+rounds, restarted workers read the dead ones' addresses and the restart fails
+(pytorch/pytorch#135712; it did here, 0 steps after the restart)."""
+
+
+def lost(commands: Sequence[Sequence[str]], steps: Path, env: dict[str, str]) -> float:
+    """Run the nodes to their end; seconds between the last step before the restart and the first after."""
+    steps.unlink(missing_ok=True)
+    logs = [steps.with_name(f"node{n}.log") for n in range(len(commands))]
+    processes = [subprocess.Popen(list(c), stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                 for c, log in zip(commands, logs)]
+    deadline = time.monotonic() + 300
+    try:
+        for process in processes:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        kill_trees(processes)
+        raise RuntimeError("the job did not end within 300 s; node 0 said:\n" + logs[0].read_text(errors="replace")[-3000:]) from None
+    marks = [line.split() for line in steps.read_text().splitlines()] if steps.exists() else []
+    before = [float(t) for attempt, _step, t in marks if attempt == "0"]
+    after = [float(t) for attempt, _step, t in marks if attempt == "1"]
+    if not before or not after:
+        raise RuntimeError(f"the job did not restart and train again ({len(before)} steps before, {len(after)} after); node 0 said:\n"
+                           + logs[0].read_text(errors="replace")[-3000:])
+    return min(after) - max(before)
+
+
+def cases(work: Path, cluster=None, die_at: int = 25, after: int = 5) -> dict[str, Callable[[], float]]:  # type: ignore[no-untyped-def]
+    script = work / "steps.py"
+    script.write_text(STEPS)
+    steps = work / "steps.txt"
+    args = [str(script), str(steps), str(die_at), str(after)]
+    if cluster is None:
+        env = clean_env()
+
+        def torchrun() -> float:
+            endpoint = f"127.0.0.1:{free_port('')}"
+            run_id = f"bench{time.time_ns()}"
+            # Both agents on one host: which one serves the store is typed by hand too.
+            return lost([[PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "1",
+                          "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--rdzv-conf", f"is_host={host}", *args]
+                         for host in ("true", "false")], steps, {**env, **TORCHRUN_ENV})
+
+        def hpctorch(standby: str) -> Callable[[], float]:
+            return lambda: lost([[PYTHON, "-m", "hpctorch", "run", "--simulate-nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1",
+                                  *args]], steps, {**env, "HPCTORCH_STANDBY": standby})
+    else:
+        from tests.cluster.harness import fabric_addr
+
+        hosts = work / "hosts"
+        hosts.write_text("".join(f"{fabric_addr(i)} slots=2\n" for i in (1, 2)))
+        env = cluster.env()
+
+        def torchrun() -> float:
+            endpoint = f"{fabric_addr(1)}:{free_port('')}"
+            # GLOO_SOCKET_IFNAME hand-given too: without it gloo takes the management network and hangs.
+            run_id = f"bench{time.time_ns()}"
+            # is_host by hand as well: torch finds itself the host by its host name's address, which
+            # no resolver gives here (node1 waited 60 s for a store nobody served).
+            return lost([cluster.on(node, [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts",
+                                           "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+                                           "--rdzv-conf", f"is_host={'true' if index == 0 else 'false'}", *args])
+                         for index, node in enumerate(cluster.names)], steps, cluster.env(GLOO_SOCKET_IFNAME="hsn0", **TORCHRUN_ENV))
+
+        def hpctorch(standby: str) -> Callable[[], float]:
+            return lambda: lost([cluster.on(node, [PYTHON, "-m", "hpctorch", "run", "--hostfile", str(hosts), "--max-restarts", "1", *args])
+                                 for node in cluster.names], steps, {**env, "HPCTORCH_STANDBY": standby})
+
+    return {"torchrun, c10d by hand": torchrun, "hpctorch run (warm standbys)": hpctorch("1"),
+            "hpctorch run, HPCTORCH_STANDBY=0": hpctorch("0")}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="one run each, simulated, the rank killed at step 5")
+    parser.add_argument("--no-cluster", action="store_true")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="hpctorch-bench-restart-"))
+    work.chmod(0o755)
+    cluster = None
+    try:
+        if not args.smoke and not args.no_cluster and cluster_available():
+            from tests.cluster.harness import Cluster
+
+            cluster = Cluster(2).up()
+        times = interleaved(cases(work, cluster, die_at=5 if args.smoke else 25), 1 if args.smoke else args.repeats)
+    finally:
+        if cluster is not None:
+            cluster.down()
+        shutil.rmtree(work, ignore_errors=True)
+    where = "2 network namespaces (the test cluster)" if cluster is not None else "2 simulated nodes on loopback"
+    base = summary(times["torchrun, c10d by hand"])["median"]
+    print(f"{where}; rank 3 SIGKILLed at step {5 if args.smoke else 25}; time lost = first step after - last step before (rank 0)")
+    print(table(["command", "median s", "min / max s", "of torchrun's"],
+                [[n, f"{summary(v)['median']:.2f}", f"{summary(v)['min']:.2f} / {summary(v)['max']:.2f}",
+                  f"{summary(v)['median'] / base:.2f}x"] for n, v in times.items()]))
+    if not args.smoke:
+        save("restart", {"where": where, "times": times})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Warm restarts (``start.standby``) under torch's real agent: after the first attempt trained,
+each local rank has a standby that imported torch ahead; the restart's workers are those
+processes (their command line is still the standby's, their start before the failure), with the
+new attempt's ranks, world size and environment, hpctorch's hooks in place; a standby never
+needed is gone with the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ..conftest import clean_env, hpctorch
+
+pytest.importorskip("torch")
+
+SCRIPT = """
+import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+with open("/proc/self/cmdline", "rb") as source:
+    standby = b"--standby" in source.read().split(b"\\0")
+with open("/proc/self/stat") as source:
+    started = float(source.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+with open("/proc/uptime") as source:
+    now = float(source.read().split()[0])
+print(f"attempt={attempt} rank={dist.get_rank()} world={dist.get_world_size()} sum={total.item():.0f} standby={standby} "
+      f"started={started:.2f} now={now:.2f} job={os.environ.get('JOB_MARK')}", flush=True)
+if attempt == "0":
+    marks = os.environ["HPCTORCH_STRAGGLERS_DIR"]
+    while not os.path.exists(os.path.join(marks, f"{os.environ['LOCAL_RANK']}.modules")):
+        time.sleep(0.05)  # its standby is made once this rank trained (the straggler watch's files)
+    if dist.get_rank() == 1:
+        time.sleep(3)  # past the standbys' imports
+        with open("/proc/uptime") as source:
+            print(f"dies at {float(source.read().split()[0]):.2f}", flush=True)
+        os._exit(7)
+    time.sleep(60)  # in no collective: torch's agent stops it
+dist.destroy_process_group()
+"""
+
+
+def _lines(output: str) -> list[dict[str, str]]:
+    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in output.splitlines() if "attempt=" in line]
+
+
+def _standbys_of(mark: str) -> list[int]:
+    """Live processes started as standbys (their command line) by the job marked ``mark``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as source:
+                if b"--standby" not in source.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as source:
+                if f"JOB_MARK={mark}".encode() in source.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_restart_runs_in_the_standbys_with_the_new_attempt_s_ranks(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    mark, summary = uuid.uuid4().hex, tmp_path / "summary.json"
+    done = hpctorch("run", "--max-restarts", "1", "--nproc-per-node", "2", "--summary-json", str(summary), str(script),
+                    env=clean_env(JOB_MARK=mark), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = _lines(done.stdout)
+    first = [r for r in seen if r["attempt"] == "0"]
+    again = [r for r in seen if r["attempt"] == "1"]
+    assert sorted(r["rank"] for r in again) == ["0", "1"] and {(r["world"], r["sum"]) for r in again} == {("2", "2")}, done.stdout
+    assert {r["standby"] for r in first} == {"False"}
+    assert {r["standby"] for r in again} == {"True"}, done.stdout  # the standby's own command line, its process
+    died = float(re.search(r"dies at (\S+)", done.stdout).group(1))  # type: ignore[union-attr]
+    assert all(float(r["started"]) < died for r in again), (died, again)  # started before the failure: ahead
+    assert "hpctorch: 2 of 2 worker(s) of this attempt run in their warm standby" in done.stderr
+    assert _standbys_of(mark) == []  # the standbys made for a next failure went with the job
+    # hpctorch's hooks work in a standby too (torch.distributed was imported ahead): the straggler
+    # watch saw the restarted attempt's first collective, so the goodput knows it trained.
+    attempts = json.loads(summary.read_text())["goodput"]["attempts"]
+    assert len(attempts) == 2 and all(a["first_s"] is not None for a in attempts), attempts
+
+
+def test_with_standbys_off_the_restart_starts_new_processes(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace("    while not os.path.exists", "    while False and not os.path.exists"))
+    done = hpctorch("run", "--max-restarts", "1", "--nproc-per-node", "2", str(script), env=clean_env(HPCTORCH_STANDBY="0"), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {r["standby"] for r in _lines(done.stdout)} == {"False"}
+    assert "warm standby" not in done.stderr
