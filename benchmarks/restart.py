@@ -99,11 +99,12 @@ def cases(work: Path, cluster=None, die_at: int = 25, after: int = 5) -> dict[st
             endpoint = f"{fabric_addr(1)}:{free_port('')}"
             # GLOO_SOCKET_IFNAME hand-given too: without it gloo takes the management network and hangs.
             run_id = f"bench{time.time_ns()}"
-            # is_host by hand as well: torch finds itself the host by its host name's address, which
-            # no resolver gives here (node1 waited 60 s for a store nobody served).
+            # is_host and each node's address by hand as well: torch finds itself the host, and tells
+            # the workers the master, by its host name, which no resolver here gives an address.
             return lost([cluster.on(node, [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts",
                                            "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
-                                           "--rdzv-conf", f"is_host={'true' if index == 0 else 'false'}", *args])
+                                           "--rdzv-conf", f"is_host={'true' if index == 0 else 'false'}",
+                                           "--local-addr", fabric_addr(index + 1), *args])
                          for index, node in enumerate(cluster.names)], steps, cluster.env(GLOO_SOCKET_IFNAME="hsn0", **TORCHRUN_ENV))
 
         def hpctorch(standby: str) -> Callable[[], float]:
