@@ -7,7 +7,7 @@ import json
 from .common import HERE, RESULTS, summary, table
 
 ORDER = ("first_collective", "plan_latency", "plan_scale", "bootstrap", "port_collisions", "teardown", "control_plane_scale", "store_wait",
-         "straggler_overhead", "stage_spread", "auth_cost")
+         "straggler_overhead", "stage_spread", "auth_cost", "restart")
 
 
 def _load(name: str) -> dict | None:
@@ -109,6 +109,21 @@ def teardown(data: dict) -> str:
     return (f"{data['where']}; compute phase {data['compute_seconds']:.0f} s with no collective; rank 3 (node 2) "
             "kills itself 2 s into it.\n\n" +
             table(["command", "death to last exit, median s", "min / max s"], [[n, *_stats(v)] for n, v in data["times"].items()]))
+
+
+def restart(data: dict) -> str:
+    import statistics
+
+    base = statistics.median(data["times"]["torchrun, c10d by hand"])
+    return (f"{data['where']}, 2 ranks each, `--max-restarts 1`; every step an all_reduce of 256 KiB and 0.1 s of compute; "
+            "rank 3 (node 2) is SIGKILLed at step 25 of the first attempt. Time lost: the first step after the restart minus "
+            "the last step before, on rank 0's clock, interleaved runs. torchrun is typed as a user must on this cluster: c10d "
+            "rendezvous at node 1's fabric address, `is_host` and `--local-addr` per node, `GLOO_SOCKET_IFNAME`, and torch's "
+            "own fresh-store opt-out (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, which hpctorch sets too: without it torchrun's "
+            "restart failed here). hpctorch's restart runs in warm standbys (torch imported ahead, `start.standby`); "
+            "`HPCTORCH_STANDBY=0` starts new processes, as torch's agent does. The goal was at most 0.4x torchrun's.\n\n" +
+            table(["command", "time lost, median s", "min / max s", "of torchrun's"],
+                  [[n, *_stats(v), f"{statistics.median(v) / base:.2f}x"] for n, v in data["times"].items()]))
 
 
 def control_plane_scale(data: dict) -> str:
@@ -298,6 +313,7 @@ TITLES = {
     "straggler_overhead": "9. What the straggler watch costs a running job",
     "stage_spread": "10. Spreading the staged environment over the nodes (`--stage-env`)",
     "auth_cost": "11. What authenticating node 0's store costs",
+    "restart": "12. The time a restart loses (`--max-restarts`)",
 }
 
 
