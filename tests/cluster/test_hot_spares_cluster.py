@@ -61,7 +61,8 @@ def test_a_hot_spare_never_needed_leaves_when_the_job_ends(cluster: Cluster, job
 
 
 def _kill_node(cluster: Cluster, node: str) -> int:
-    """A node lost whole: every hpctorch process on it (the agent, its workers) killed at once."""
+    """A node lost whole: every hpctorch process on it (the agent, its workers, any warm standby
+    waiting for a restart) killed at once; how many of them were the agent and its workers."""
     pids = subprocess.run(["ip", "netns", "pids", cluster.netns(node)], capture_output=True, text=True, timeout=10).stdout.split()
     killed = 0
     for pid in map(int, pids):
@@ -72,7 +73,7 @@ def _kill_node(cluster: Cluster, node: str) -> int:
             continue
         if b"-m hpctorch " in command or b"_worker.py" in command:  # not slurmd, whose configuration path names hpctorch
             os.kill(pid, signal.SIGKILL)
-            killed += 1
+            killed += not command.rstrip().endswith(b"--standby")
     return killed
 
 

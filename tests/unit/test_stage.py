@@ -381,6 +381,20 @@ def test_a_node_whose_own_copy_fails_still_forwards_every_byte(tmp_path: Path) -
     assert {n: got[n] == payload for n in (0, 2, 3, 4)} == {0: True, 2: True, 3: True, 4: True}
 
 
+def test_a_relay_whose_children_need_nothing_ends_without_a_stray_thread_error(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 1 has its copy and its one child has too (it connects, then leaves): node 1 ends while
+    its thread still receives from node 0. That thread must end quietly (it met a closed socket on
+    the cluster: a traceback in the job's output)."""
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    payload = os.urandom(24 * spread.CHUNK)
+    got: dict[int, bytes] = {}
+    errors, _ = _tree(3, 1, payload, lambda me: _keeping(got, me) if me == 0 else None, tmp_path)
+    assert not errors and got == {0: payload}
+    assert raised == []
+
+
 def test_a_parent_that_goes_away_takes_its_subtree_which_says_so(tmp_path: Path) -> None:
     payload = os.urandom(4 * spread.CHUNK)
 

@@ -258,8 +258,8 @@ class Upstream:
         left = deadline - time.monotonic()
         if left <= 0:
             raise _late(got, size)
-        self.conn.settimeout(min(self.idle_s, left))
         try:
+            self.conn.settimeout(min(self.idle_s, left))
             data = self.conn.recv_into(into) if into is not None else self.conn.recv(min(CHUNK, size - got))
         except (TimeoutError, socket.timeout):
             if left <= self.idle_s:
@@ -373,10 +373,11 @@ def take_part(store, prefix: str, node: int, nnodes: int, host: str, token: str,
     finally:
         relay.close()
         if upstream is not None:
-            upstream.stop()
-            upstream.conn.close()
+            upstream.stop()  # wakes a fill still waiting: its children are served or dropped
         for helper in helpers:
             helper.join(max(0.0, deadline - time.monotonic()) + JOIN_SLACK_S)
+        if upstream is not None:
+            upstream.conn.close()  # after the fill ended: it never meets a closed socket
         if spool is not None and not any(thread.is_alive() for thread in [*helpers, *relay.senders]):
             spool.close()  # else left open: a thread still writing or sending must never meet a reused descriptor
 
