@@ -161,7 +161,9 @@ class Standbys:
             standby.stop()
 
     def stop(self) -> None:
+        """The job ends: every standby waiting goes, and none is made after."""
         with self._lock:
+            self._generation += 1
             waiting, self.waiting = self.waiting, {}
         for standby in waiting.values():
             standby.stop()
