@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import platform
@@ -10,7 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from tests.environment import clean_env  # noqa: F401 - the benchmarks import it from here
@@ -113,6 +115,28 @@ def cluster_available() -> bool:
     from tests.cluster.harness import missing_requirements
 
     return not missing_requirements()
+
+
+@contextlib.contextmanager
+def work_and_cluster(name: str, wanted: bool) -> Iterator[tuple[Path, "object | None"]]:
+    """A work folder (0755: the namespaces' processes write there) and, where ``wanted`` and this
+    machine can run it, the 2-node test cluster; both gone afterwards."""
+    import shutil
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix=f"hpctorch-bench-{name}-"))
+    work.chmod(0o755)
+    cluster = None
+    try:
+        if wanted and cluster_available():
+            from tests.cluster.harness import Cluster
+
+            cluster = Cluster(2).up()
+        yield work, cluster
+    finally:
+        if cluster is not None:
+            cluster.down()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def isolated(module: str, argv: list[str]) -> int | None:

@@ -11,16 +11,14 @@ rendezvous typed by hand, interleaved.
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hpctorch.host.network import free_port
 
-from .common import PYTHON, clean_env, cluster_available, interleaved, kill_trees, save, summary, table
+from .common import PYTHON, clean_env, interleaved, kill_trees, save, summary, table, work_and_cluster
 
 STEPS = """
 import os, signal, sys, time
@@ -121,19 +119,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="one run each, simulated, the rank killed at step 5")
     parser.add_argument("--no-cluster", action="store_true")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="hpctorch-bench-restart-"))
-    work.chmod(0o755)
-    cluster = None
-    try:
-        if not args.smoke and not args.no_cluster and cluster_available():
-            from tests.cluster.harness import Cluster
-
-            cluster = Cluster(2).up()
+    with work_and_cluster("restart", not args.smoke and not args.no_cluster) as (work, cluster):
         times = interleaved(cases(work, cluster, die_at=5 if args.smoke else 25), 1 if args.smoke else args.repeats)
-    finally:
-        if cluster is not None:
-            cluster.down()
-        shutil.rmtree(work, ignore_errors=True)
     where = "2 network namespaces (the test cluster)" if cluster is not None else "2 simulated nodes on loopback"
     base = summary(times["torchrun, c10d by hand"])["median"]
     print(f"{where}; rank 3 SIGKILLed at step {5 if args.smoke else 25}; time lost = first step after - last step before (rank 0)")

@@ -6,16 +6,14 @@ nodes on loopback), interleaved."""
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hpctorch.host.network import free_port
 
-from .common import PYTHON, ROOT, clean_env, cluster_available, interleaved, kill_trees, save, summary, table
+from .common import PYTHON, ROOT, clean_env, interleaved, kill_trees, save, summary, table, work_and_cluster
 
 COMPUTE = str(ROOT / "tests" / "fixtures" / "compute.py")
 
@@ -82,19 +80,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-cluster", action="store_true")
     args = parser.parse_args(argv)
     repeats, seconds = (1, 4.0) if args.smoke else (args.repeats, args.seconds)
-    work = Path(tempfile.mkdtemp(prefix="hpctorch-bench-teardown-"))
-    work.chmod(0o755)
-    cluster = None
-    try:
-        if not args.smoke and not args.no_cluster and cluster_available():
-            from tests.cluster.harness import Cluster
-
-            cluster = Cluster(2).up()
+    with work_and_cluster("teardown", not args.smoke and not args.no_cluster) as (work, cluster):
         times = interleaved(cases(seconds, work, cluster), repeats)
-    finally:
-        if cluster is not None:
-            cluster.down()
-        shutil.rmtree(work, ignore_errors=True)
     where = "2 network namespaces (the test cluster)" if cluster is not None else "2 simulated nodes on loopback"
     print(f"{where}; compute phase {seconds:.0f} s; the rank dies 2 s into it")
     print(table(["command", "median s", "min / max s"],
