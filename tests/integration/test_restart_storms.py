@@ -66,3 +66,20 @@ def rendered(page: Path) -> str:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "CONSOLE" not in done.stderr, [line for line in done.stderr.splitlines() if "CONSOLE" in line]
     return done.stdout
+
+
+def test_a_restart_that_the_finished_nodes_cannot_join_ends_the_job_at_once_with_its_cause(tmp_path: Path) -> None:
+    # Node 0's rank fails after the first collective while node 1's finish: node 0 asks for a
+    # restart, which needs node 1's workers. torch's agent on node 1 waits 300 s in its exit
+    # barrier for node 0, which waits in the rendezvous for node 1: the job hung for five
+    # minutes. Now node 1 leaves its barrier and closes the rendezvous, and node 0 ends the job
+    # with its own failure.
+    split = tmp_path / "split.py"
+    split.write_text("import os, sys\nimport torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
+                     "if os.environ['GROUP_RANK'] == '0':\n    sys.exit(3)\ndist.destroy_process_group()\n")
+    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "1", "--max-restarts", "1", str(split), env=clean_env(),
+                    timeout=200)  # a hang guard, below torch's 300 s exit barrier: it waited that out before
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "node 1's workers finished, and another node asks for a restart" in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("hpctorch: node 0: local rank 0 exited with code 3, and no restart could follow"), done.stderr[-3000:]

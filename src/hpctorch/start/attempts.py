@@ -65,16 +65,21 @@ class Attempts:
         self.without_progress = 0
         self.stopped = False
         self.history: list[Attempt] = []
+        self.last_failure: str | None = None
+        """How this node's last attempt failed (``local rank 1 exited with code 3``), if one of its ranks did."""
 
     def ended(self, context: object) -> None:
         """Once per attempt; ``NoProgress`` at the limit (raised once: torch's agent then shuts
         down, closing the context again)."""
-        if self.directory is None or self.stopped or getattr(context, ENDED, False):
+        if self.stopped or getattr(context, ENDED, False):
             return
         try:
             setattr(context, ENDED, True)
         except AttributeError:
             return  # not a context this module can tell apart from the next: uncounted
+        self.last_failure = _failure(context)
+        if self.directory is None:
+            return
         # The files of this attempt's processes alone (any file where the context cannot name them:
         # then an earlier attempt's progress counts, and a storm is never made up).
         attempt = Attempt(time.monotonic(), first_collective(self.directory, _pids(context)))

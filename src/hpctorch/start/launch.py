@@ -150,11 +150,13 @@ def run_per_node(
     """
     from torch.distributed.launcher.api import elastic_launch
 
-    from . import exits, gpurelease, torchlogs
+    from . import exitbarrier, exits, gpurelease, roundwake, torchlogs
 
     torchlogs.quiet()
     exits.install()
     gpurelease.install()
+    roundwake.install()
+    exitbarrier.install()
     assert plan.master_addr is not None, "the exchange runs before the final plan"
     os.environ.update(plan.common_env)
     stacks_env(os.environ)  # type: ignore[arg-type]
@@ -272,7 +274,12 @@ def run_per_node(
     except RendezvousClosedError:
         # A node that used up its restarts closes torch's rendezvous; the others learn it here.
         watchdog.close()
-        failure = WorkersFailed(f"stopped: {watchdog.reason or 'another node ran out of restarts and closed the rendezvous'}", exit_code=1)
+        if watchdog.reason is None and attempts.last_failure is not None:
+            # This node asked for the restart: its failure is the job's, and the others would not follow.
+            failure = WorkersFailed(f"node {plan.node_rank}: {attempts.last_failure}, and no restart could follow: the other nodes' "
+                                    "workers had finished or they had no restarts left (a restart needs every node's)", exit_code=1)
+        else:
+            failure = WorkersFailed(f"stopped: {watchdog.reason or 'another node ran out of restarts and closed the rendezvous'}", exit_code=1)
     except (DistError, RendezvousError, RuntimeError) as exc:
         watchdog.report_failure(f"node {plan.node_rank} could not join the rendezvous")
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
