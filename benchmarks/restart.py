@@ -24,8 +24,11 @@ STEPS = """
 import os, signal, sys, time
 import torch, torch.distributed as dist
 steps_file, die_at, after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+died = steps_file + ".died"
+# The attempt by the killed rank's mark, not TORCHELASTIC_RESTART_COUNT: that is each node's own
+# count, and a node restarted by its peer's failure keeps its 0.
+attempt = 1 if os.path.exists(died) else 0
 dist.init_process_group("gloo")
-attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 grad = torch.ones(1 << 16)
 for step in range(die_at + 10 if attempt == 0 else after):
     dist.all_reduce(grad)
@@ -34,6 +37,7 @@ for step in range(die_at + 10 if attempt == 0 else after):
         with open(steps_file, "a") as out:
             out.write(f"{attempt} {step} {time.time():.6f}\\n")
     if attempt == 0 and step == die_at and dist.get_rank() == 3:
+        open(died, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
 dist.destroy_process_group()
 """
@@ -48,6 +52,7 @@ rounds, restarted workers read the dead ones' addresses and the restart fails
 def lost(commands: Sequence[Sequence[str]], steps: Path, env: dict[str, str]) -> float:
     """Run the nodes to their end; seconds between the last step before the restart and the first after."""
     steps.unlink(missing_ok=True)
+    steps.with_name(steps.name + ".died").unlink(missing_ok=True)
     logs = [steps.with_name(f"node{n}.log") for n in range(len(commands))]
     processes = [subprocess.Popen(list(c), stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
                  for c, log in zip(commands, logs)]
