@@ -7,8 +7,10 @@ Tests that need something a laptop may lack (root, scontrol, mpirun) call
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,15 +21,24 @@ import pytest
 from .environment import clean_env  # noqa: F401 - the tests import it from here
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _folder_of_this_run(prefix: str) -> str:
+    """A temporary folder that goes with this test process."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
 # A job the tests start may name a bad node (the screen, a straggler, a SIGBUS): never in the user's
 # own list, which their next 'hpctorch submit' would read.
-os.environ.setdefault("HPCTORCH_BAD_NODES", os.path.join(tempfile.mkdtemp(prefix="hpctorch-tests-"), "bad-nodes.jsonl"))
+os.environ.setdefault("HPCTORCH_BAD_NODES", os.path.join(_folder_of_this_run("hpctorch-tests-"), "bad-nodes.jsonl"))
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # A run's secret (guard.authority's file mechanism) is kept by run id in the user's state
     # folder, and tests reuse run ids ("wd"): two workers side by side replaced each other's, and
     # a watchdog then met the other's secret and ran unwatched. Each worker keeps its own, as two
     # jobs never share a run id.
-    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="hpctorch-state-")
+    os.environ["XDG_STATE_HOME"] = _folder_of_this_run("hpctorch-state-")
 EXAMPLES = ROOT / "examples"
 STRICT = os.environ.get("HPCTORCH_REQUIRE_CLUSTER") == "1"
 
