@@ -34,9 +34,10 @@ def test_the_node_that_waits_is_woken_by_the_round_completing_not_by_its_poll(mo
     waiting = threading.Event()
     original = roundwake.await_round
 
-    def spy(holder, limit_s):  # type: ignore[no-untyped-def]
-        waiting.set()
-        return original(holder, limit_s)
+    def spy(holder, limit_s, node=None):  # type: ignore[no-untyped-def]
+        if not holder.state.complete:
+            waiting.set()
+        return original(holder, limit_s, node)
 
     monkeypatch.setattr(roundwake, "await_round", spy)
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -61,3 +62,34 @@ def test_a_completion_key_someone_else_set_costs_one_early_read_and_no_spin() ->
     node._state_holder.sync()
     assert roundwake.await_round(node._state_holder, HANG_S)  # the planted key: one early read...
     assert not roundwake.await_round(node._state_holder, HANG_S)  # ...then torch's own poll for that round
+
+
+def test_on_a_restart_the_node_in_the_wait_list_is_woken_by_the_next_round_opening(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A restart: node A, first back, finds round 0 complete without it and waits in its wait list;
+    # node B then leaves round 0 (round 1 opens) and joins round 1; A must hear of the opening.
+    assert roundwake.install()
+    monkeypatch.setattr(roundwake, "WAIT_S", 2 * HANG_S)
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    first, second = _node(server, "again"), _node(server, "again")
+    joined = threading.Thread(target=first.next_rendezvous, daemon=True)
+    joined.start()
+    second.next_rendezvous()
+    joined.join(HANG_S)  # round 0, both
+    listed = threading.Event()
+    original = roundwake.await_round
+
+    def spy(holder, limit_s, node=None):  # type: ignore[no-untyped-def]
+        if holder.state.complete and node in holder.state.wait_list:
+            listed.set()
+        return original(holder, limit_s, node)
+
+    monkeypatch.setattr(roundwake, "await_round", spy)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (first.next_rendezvous(), done.set()), daemon=True)
+    thread.start()
+    assert listed.wait(HANG_S), "the first node back never waited in the wait list"
+    backend = C10dRendezvousBackend(server, "again")
+    assert not server.check([roundwake.opening_key(backend, 1)])
+    second.next_rendezvous()
+    assert done.wait(HANG_S), "the node in the wait list was not woken when the next round opened"
+    assert server.check([roundwake.opening_key(backend, 1), roundwake.completion_key(backend, 1)])
