@@ -132,6 +132,58 @@ def test_twenty_restarts_in_a_row_are_each_clean(cluster: Cluster, job_dir: Path
         assert broken not in done.stderr, done.stderr[-3000:]
 
 
+WARM = """
+import os, sys, time
+import torch, torch.distributed as dist
+died = os.path.join(os.path.dirname(os.path.abspath(__file__)), "died")
+# The attempt by rank 3's mark: torch's TORCHELASTIC_RESTART_COUNT is each node's own, and node1,
+# restarted for its peer's failure, keeps 0.
+attempt = 1 if os.path.exists(died) else 0
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+with open("/proc/self/cmdline", "rb") as source:
+    standby = b"--standby" in source.read().split(b"\\0")
+with open("/proc/self/stat") as source:
+    started = float(source.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+print(f"attempt={attempt} rank={dist.get_rank()} world={dist.get_world_size()} sum={total.item():.0f} standby={standby} "
+      f"pid={os.getpid()} started={started:.2f} host={os.uname().nodename}", flush=True)
+if attempt == 0:
+    marks = os.environ["HPCTORCH_STRAGGLERS_DIR"]
+    while not os.path.exists(os.path.join(marks, f"{os.environ['LOCAL_RANK']}.modules")):
+        time.sleep(0.05)  # its standby is made once this rank trained (the straggler watch's files)
+    if dist.get_rank() == 3:
+        time.sleep(3)  # past the standbys' imports
+        with open("/proc/uptime") as source:
+            print(f"dies at {float(source.read().split()[0]):.2f}", flush=True)
+        open(died, "w").close()
+        os._exit(7)
+    time.sleep(120)  # in no collective: torch's agent stops it for the restart
+dist.destroy_process_group()
+"""
+
+
+def test_a_warm_restart_runs_the_script_in_each_nodes_standbys(cluster: Cluster, job_dir: Path) -> None:
+    """#43: after rank 3 (node2) dies, every rank of the next attempt, on both nodes, is a process
+    started before the failure as a standby (its command line), with the new attempt's world and sum."""
+    script = job_dir / "warm.py"
+    script.write_text(WARM)
+    srun = ("sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+            *HPCTORCH, "run", "--max-restarts", "1", "--nproc-per-node", "2", str(script))
+    done = cluster.run("node1", srun, timeout=300)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    seen = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in done.stdout.splitlines() if "attempt=" in line]
+    first = [r for r in seen if r["attempt"] == "0"]
+    again = [r for r in seen if r["attempt"] == "1"]
+    assert sorted(r["rank"] for r in first) == sorted(r["rank"] for r in again) == ["0", "1", "2", "3"], done.stdout[-3000:]
+    assert {(r["world"], r["sum"]) for r in again} == {("4", "4")}, again
+    assert {r["standby"] for r in first} == {"False"} and {r["standby"] for r in again} == {"True"}, seen
+    assert {r["host"] for r in again} == {"node1", "node2"}
+    died = float(re.search(r"dies at (\S+)", done.stdout).group(1))  # type: ignore[union-attr]
+    assert all(float(r["started"]) < died for r in again), (died, again)  # started ahead of the failure
+    assert done.stderr.count("hpctorch: 2 of 2 worker(s) of this attempt run in their warm standby") == 2, done.stderr[-3000:]
+
+
 def test_interface_trap_fails_fast_on_the_management_net_and_passes_on_the_fabric(cluster: Cluster, job_dir: Path) -> None:
     srun = ("srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1")
     # Forced onto the management interface the hostnames resolve to: node2 cannot reach node1.
