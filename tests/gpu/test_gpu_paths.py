@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -124,3 +125,44 @@ def test_ddp_on_nccl_is_timed_by_the_watch(tmp_path) -> None:  # type: ignore[no
     ranks = json.loads(summary.read_text())["ranks"]
     assert len(ranks) == torch.cuda.device_count()
     assert all(row["collectives"] > 0 and row["inside_s"] > 0 for row in ranks), ranks
+
+
+def test_a_warm_restart_runs_in_a_standby_whose_cuda_context_is_made(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """#43: the standby made its device's CUDA context while it waited; the restarted worker runs
+    in it on its own device (LOCAL_RANK), NCCL works there, and the failed worker's memory was
+    released before it started."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time, torch, torch.distributed as dist
+        warm = torch.cuda.is_initialized()  # before this script's first CUDA call
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl")
+        total = torch.ones(1, device="cuda")
+        dist.all_reduce(total)
+        attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        with open("/proc/self/cmdline", "rb") as source:
+            standby = b"--standby" in source.read().split(b"\\0")
+        print(f"attempt={attempt} rank={dist.get_rank()} warm={warm} standby={standby} device={torch.cuda.current_device()} "
+              f"sum={total.item():.0f}", flush=True)
+        if attempt == "0":
+            marks = os.environ["HPCTORCH_STRAGGLERS_DIR"]
+            while not os.path.exists(os.path.join(marks, f"{local}.modules")):
+                time.sleep(0.05)
+            if dist.get_rank() == 0:
+                time.sleep(5)  # past the standbys' imports and contexts
+                os._exit(7)
+            time.sleep(120)
+        dist.destroy_process_group()
+    """))
+    count = torch.cuda.device_count()
+    done = subprocess.run([sys.executable, "-m", "hpctorch", "run", "--max-restarts", "1", "--nproc-per-node", str(count), str(script)],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    print(done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == 0
+    again = [line for line in done.stdout.splitlines() if "attempt=1" in line]
+    assert len(again) == count
+    for line in again:
+        fields = dict(re.findall(r"(\w+)=(\S+)", line))
+        assert fields["warm"] == "True" and fields["standby"] == "True" and fields["sum"] == str(count), line
+        assert fields["device"] == str(int(fields["rank"]) % count), line
