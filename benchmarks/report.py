@@ -120,9 +120,9 @@ def restart(data: dict) -> str:
             "the last step before, on rank 0's clock, interleaved runs. torchrun is typed as a user must on this cluster: c10d "
             "rendezvous at node 1's fabric address, `is_host` and `--local-addr` per node, `GLOO_SOCKET_IFNAME`, and torch's "
             "own fresh-store opt-out (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, which hpctorch sets too: without it torchrun's "
-            "restart failed here). hpctorch's restart runs in warm standbys (torch imported ahead, `start.standby`), and the "
-            "node that reaches torch's rendezvous first learns of the round's completion when it completes (`start.roundwake`), "
-            "not at torch's next once-a-second read; `HPCTORCH_STANDBY=0` starts new processes, as torch's agent does. The "
+            "restart failed here). hpctorch's restart runs in warm standbys (torch imported ahead, `start.standby`), and a "
+            "node waiting in torch's rendezvous learns of the next round's opening and of its completion when they happen "
+            "(`start.roundwake`), not at torch's next once-a-second read; `HPCTORCH_STANDBY=0` starts new processes, as torch's agent does. The "
             "attempt each rank runs is read from the killed rank's mark, not `TORCHELASTIC_RESTART_COUNT` (each node's own "
             "count: a node restarted by its peer keeps 0). The goal was at most 0.4x torchrun's.\n\n" +
             table(["command", "time lost, median s", "min / max s", "of torchrun's"],
