@@ -66,6 +66,8 @@ def wait(store: Any, check_in: Any, prefix: str, nodes: int, rendezvous: Any, ti
     """Check in, then wait for every node (``"all finished"``), a node of this round asking for a
     new one (``"restart asked"``), the timeout (``"timed out"``) or a store that fails (``"store
     failed"``: torch's barrier ends on any error too)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     deadline = time.monotonic() + timeout_s
     every = check_every(nodes)
     try:
@@ -79,9 +81,9 @@ def wait(store: Any, check_in: Any, prefix: str, nodes: int, rendezvous: Any, ti
                     return "restart asked"
                 next_read = time.monotonic() + WAIT_LIST_EVERY_S
             time.sleep(max(0.0, min(every, deadline - time.monotonic())))
-    except Exception as exc:  # torch's barrier logs and ends on any error; the agent goes on to its end
-        if type(exc).__name__ == "SignalException":
-            raise  # torch's agent stops its workers and exits on it
+    except SignalException:
+        raise  # torch's agent stops its workers and exits on it, as from its own barrier
+    except Exception:  # torch's barrier logs and ends on any error; the agent goes on to its end
         return "store failed"
     return "timed out"
 

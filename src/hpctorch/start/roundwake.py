@@ -29,6 +29,7 @@ WAIT_S = 1.0
 STORE_CHECKS_PER_S = 10_000
 """What all waiting nodes together ask of the store, at most (a check is a few bytes)."""
 FASTEST_S = 0.02
+"""The shortest time between a waiting node's checks, however few the nodes."""
 
 _context = threading.local()
 _installed = False
