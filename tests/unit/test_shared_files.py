@@ -7,6 +7,9 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
+from hpctorch.errors import HpctorchError
 from hpctorch.guard.sharedfiles import BeatingFiles
 
 
@@ -60,3 +63,15 @@ def test_node_0_looks_less_often_while_nothing_changes(tmp_path: Path) -> None:
             node.read_live()
         time.sleep(0.02)
     assert files[0]._scan_s > 0.05  # backed off from 0.01 once every peer beat and nothing changed
+
+
+def test_a_planted_folder_is_refused_before_anything_in_it_is_read(tmp_path: Path) -> None:
+    """Another user's records cannot reach a node: the folder must be the user's own and 0700
+    before the node writes there or reads a peer's file (``host.folders.private_dir``)."""
+    planted = tmp_path / ".hpctorch"
+    (planted / "job.doctor").mkdir(parents=True)
+    planted.chmod(0o777)  # what a neighbour who made it first would leave
+    (planted / "job.doctor" / "node0.json").write_text(json.dumps({"node": 0, "hello": {"serving": False}}))
+    node1 = BeatingFiles(str(planted / "job.doctor"), 1, {}, interval_s=0)
+    with pytest.raises(HpctorchError, match="can be written by others"):
+        node1.publish(hello={"addresses": []})
