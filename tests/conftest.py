@@ -51,6 +51,31 @@ def require(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+WAIT_FOR_STANDBYS = """
+def wait_for_standbys(count):
+    # This job's live standbys (hpctorch.start.standby: their command line says so; the test's
+    # JOB_MARK in their environment), counted until there are ``count``: every node of a test
+    # shares this machine's /proc. Waited for, not slept on: a loaded machine spawns them late.
+    mark, deadline = ("JOB_MARK=" + os.environ["JOB_MARK"]).encode(), time.monotonic() + 180
+    while time.monotonic() < deadline:
+        found = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as source:
+                    if b"--standby" not in source.read().split(bytes(1)):
+                        continue
+                with open(f"/proc/{pid}/environ", "rb") as source:
+                    found += mark in source.read().split(bytes(1))
+            except OSError:
+                continue
+        if found >= count:
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"only {found} of {count} standbys after 180 s")
+"""
+"""Source for a worker script (it needs ``os`` and ``time``): ``wait_for_standbys(count)``."""
+
+
 PREFIX = re.compile(r"^\[[^\]\n]*rank \d+\]: ", re.M)
 
 

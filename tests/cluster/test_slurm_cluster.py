@@ -7,11 +7,12 @@ import re
 from collections import Counter
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT
+from ..conftest import ROOT, WAIT_FOR_STANDBYS
 from .conftest import PYTHON, TOY, assert_trained_across_nodes, toy_ranks
 from .harness import Cluster
 
@@ -135,6 +136,7 @@ def test_twenty_restarts_in_a_row_are_each_clean(cluster: Cluster, job_dir: Path
 WARM = """
 import os, sys, time
 import torch, torch.distributed as dist
+""" + WAIT_FOR_STANDBYS + """
 died = os.path.join(os.path.dirname(os.path.abspath(__file__)), "died")
 # The attempt by rank 3's mark: torch's TORCHELASTIC_RESTART_COUNT is each node's own, and node1,
 # restarted for its peer's failure, keeps 0.
@@ -149,11 +151,8 @@ with open("/proc/self/stat") as source:
 print(f"attempt={attempt} rank={dist.get_rank()} world={dist.get_world_size()} sum={total.item():.0f} standby={standby} "
       f"pid={os.getpid()} started={started:.2f} host={os.uname().nodename}", flush=True)
 if attempt == 0:
-    marks = os.environ["HPCTORCH_STRAGGLERS_DIR"]
-    while not os.path.exists(os.path.join(marks, f"{os.environ['LOCAL_RANK']}.modules")):
-        time.sleep(0.05)  # its standby is made once this rank trained (the straggler watch's files)
     if dist.get_rank() == 3:
-        time.sleep(3)  # past the standbys' imports
+        wait_for_standbys(4)  # each node's two, made once its ranks trained (the straggler watch's files)
         with open("/proc/uptime") as source:
             print(f"dies at {float(source.read().split()[0]):.2f}", flush=True)
         open(died, "w").close()
@@ -170,7 +169,7 @@ def test_a_warm_restart_runs_the_script_in_each_nodes_standbys(cluster: Cluster,
     script.write_text(WARM)
     srun = ("sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
             *HPCTORCH, "run", "--max-restarts", "1", "--nproc-per-node", "2", str(script))
-    done = cluster.run("node1", srun, timeout=300)
+    done = cluster.run("node1", srun, timeout=300, JOB_MARK=uuid.uuid4().hex)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     seen = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in done.stdout.splitlines() if "attempt=" in line]
     first = [r for r in seen if r["attempt"] == "0"]

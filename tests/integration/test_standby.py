@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import clean_env, hpctorch
+from ..conftest import WAIT_FOR_STANDBYS, clean_env, hpctorch
 
 pytest.importorskip("torch")
 
 SCRIPT = """
 import os, sys, time
 import torch, torch.distributed as dist
+""" + WAIT_FOR_STANDBYS + """
 dist.init_process_group("gloo")
 total = torch.ones(1)
 dist.all_reduce(total)
@@ -34,11 +35,9 @@ with open("/proc/uptime") as source:
 print(f"attempt={attempt} rank={dist.get_rank()} world={dist.get_world_size()} sum={total.item():.0f} standby={standby} "
       f"started={started:.2f} now={now:.2f} job={os.environ.get('JOB_MARK')}", flush=True)
 if attempt == "0":
-    marks = os.environ["HPCTORCH_STRAGGLERS_DIR"]
-    while not os.path.exists(os.path.join(marks, f"{os.environ['LOCAL_RANK']}.modules")):
-        time.sleep(0.05)  # its standby is made once this rank trained (the straggler watch's files)
     if dist.get_rank() == 1:
-        time.sleep(3)  # past the standbys' imports
+        if os.environ.get("HPCTORCH_STANDBY") != "0":
+            wait_for_standbys(2)  # made once the ranks trained (the straggler watch's files)
         with open("/proc/uptime") as source:
             print(f"dies at {float(source.read().split()[0]):.2f}", flush=True)
         os._exit(7)
@@ -92,7 +91,7 @@ def test_the_restart_runs_in_the_standbys_with_the_new_attempt_s_ranks(tmp_path:
 
 def test_with_standbys_off_the_restart_starts_new_processes(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT.replace("    while not os.path.exists", "    while False and not os.path.exists"))
+    script.write_text(SCRIPT)
     done = hpctorch("run", "--max-restarts", "1", "--nproc-per-node", "2", str(script), env=clean_env(HPCTORCH_STANDBY="0"), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert {r["standby"] for r in _lines(done.stdout)} == {"False"}

@@ -77,7 +77,8 @@ def test_a_node_that_left_for_a_hot_spare_is_not_silent_and_the_summary_names_it
     server, dogs, acted = start(3)
     wait_for(lambda: server.check([f"hpctorch/wd/beat/{n}" for n in range(3)]))
     dogs[1].replaced()  # its rank died first; a spare took its seat (start.spares)
-    time.sleep(5)  # past the silence window
+    before = server.add("hpctorch/wd/beat/0", 0)
+    wait_for(lambda: server.add("hpctorch/wd/beat/0", 0) >= before + 3)  # node 0 polled on past the silence window (6 s)
     assert acted == {}
     dogs[2].finished()
     dogs[0].finished()  # node 0 lingers until every node is done or replaced, then reads the final state
@@ -104,7 +105,8 @@ def test_with_a_hot_spare_a_silent_node_is_left_to_it(monkeypatch: pytest.Monkey
     assert "hpctorch: node 1 (n1) went silent: no heartbeat for 3 s; a hot spare takes its place" in capsys.readouterr().err
     if moves_in:
         server.add("hpctorch/wd/spares/in", 1)
-        time.sleep(6)  # past the wait for a spare
+        before = server.add("hpctorch/wd/beat/0", 0)
+        wait_for(lambda: server.add("hpctorch/wd/beat/0", 0) >= before + 3)  # node 0 polled on past the wait for a spare (6 s)
         assert acted == {}
     else:  # no spare took the seat: the job ends, as it would have without spares
         wait_for(lambda: len(acted) == 2)
@@ -192,7 +194,8 @@ def test_without_all_up_a_late_node_is_waited_for(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(judge, "NEVER_BEAT_S", 0.5)
     server, dogs, acted = start(2)
     dogs[1].close()  # never beats again; node 0 does not know when all were up: no verdict on a start
-    time.sleep(2.0)
+    before = server.add("hpctorch/wd/beat/0", 0)
+    wait_for(lambda: server.add("hpctorch/wd/beat/0", 0) >= before + 2)  # node 0 polled on, 4 s past NEVER_BEAT_S
     assert acted == {}
     for dog in dogs:
         dog.close()
