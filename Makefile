@@ -27,7 +27,8 @@ $(VENV)/.installed-mpi: $(VENV)/.installed
 	$(PY) -m pip install -q 'mpi4py>=3.1' && touch $@ || echo "mpi4py not installed: MPI tests will skip"
 
 # The frameworks the interop tests run (CPU builds; versions that install quickly and work
-# with torch 2.13.0). DeepSpeed builds no ops (DS_BUILD_OPS=0): its JIT ops are not used.
+# with torch 2.13.0). DeepSpeed builds no ops here (DS_BUILD_OPS=0): the one its jobs use on a CPU
+# (deepspeed_shm_comm) is compiled on first use, as users' is; scripts/run-tests starts that beside the tests.
 $(VENV)/.installed-frameworks: $(VENV)/.installed
 	$(PY) -m pip install -q setuptools wheel lightning==2.6.6 accelerate==1.16.0
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8

@@ -94,3 +94,20 @@ def hpctorch(*args: str, env: dict[str, str] | None = None, timeout: float = 120
         timeout=timeout,
         cwd=cwd or ROOT,
     )
+
+
+FIRST_CLUSTER_SHARD = {"test_slurm_cluster.py", "test_interop_cluster.py"}
+"""With HPCTORCH_CLUSTER_SHARD=1 or 2 (scripts/run-tests), a test process runs only its half of the
+cluster tests: the first these modules' (about half the cluster tests' time), the second every other."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard = os.environ.get("HPCTORCH_CLUSTER_SHARD")
+    if shard not in ("1", "2"):
+        return
+    first = shard == "1"
+    mine = [item for item in items if item.get_closest_marker("cluster") is None or (item.path.name in FIRST_CLUSTER_SHARD) == first]
+    if len(mine) < len(items):
+        kept = {id(item) for item in mine}
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+        items[:] = mine

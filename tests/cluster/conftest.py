@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import ROOT, require, unprefixed
-from .harness import Cluster, missing_requirements
+from .harness import STATE_DIR, Cluster, missing_requirements, turn
 
 PYTHON = sys.executable
 TOY = str(ROOT / "examples" / "toy_ddp.py")
@@ -24,16 +24,38 @@ spin for 2 cores and who gets them decides the CPU figures (a balanced run once 
 0.44x the median in CI). Real nodes do not share cores; one thread each makes the shares even here."""
 
 
+SHARED = "HPCTORCH_TEST_CLUSTER"
+"""Set to ``shared`` by scripts/run-tests once it has built the cluster: the test processes it
+starts side by side use that one, and leave it up for the next."""
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     missing = missing_requirements()
     require(not missing, f"the test cluster needs {', '.join(missing)}")
     nodes = int(os.environ.get("HPCTORCH_CLUSTER_NODES", "2"))
+    if os.environ.get(SHARED) == "shared":
+        shared = Cluster(nodes)
+        if not shared.conf.exists():
+            pytest.fail(f"{SHARED}=shared, but no test cluster is up ({shared.conf} is missing): python -m tests.cluster up")
+        yield shared
+        return
     built = Cluster(nodes).up()
     try:
         yield built
     finally:
         built.down()
+
+
+@pytest.fixture(autouse=True)
+def cluster_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Several test processes may share the cluster (scripts/run-tests): each test holds it
+    shared, and one marked ``disturbs_cluster`` (a node slowed, cut off) holds it alone."""
+    if "cluster" not in request.fixturenames:
+        yield
+        return
+    with turn(STATE_DIR, exclusive=request.node.get_closest_marker("disturbs_cluster") is not None):
+        yield
 
 
 @pytest.fixture

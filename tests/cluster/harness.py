@@ -15,6 +15,7 @@ By hand: ``python -m tests.cluster up|down|status``.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -22,7 +23,9 @@ import socket
 import stat
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import IO
 from pathlib import Path
 
 PREFIX = "hpct"
@@ -67,6 +70,36 @@ def missing_requirements() -> list[str]:
     return missing
 
 
+@contextmanager
+def turn(state_dir: Path, exclusive: bool, timeout: float = 1800) -> Iterator[None]:
+    """The cluster held, across the test processes that share it: shared by a test, alone by one
+    that disturbs the nodes. An exclusive holder waits with the gate (turnstile) shut, so a stream
+    of shared holders cannot keep it out. The limit is a hang guard, far above one test's time."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "turnstile.lock", "a+") as gate, open(state_dir / "cluster.lock", "a+") as held:
+        _flock(gate, fcntl.LOCK_EX, timeout)
+        try:
+            _flock(held, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, timeout)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+def _flock(handle: IO[str], how: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(handle, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"another test process held the test cluster ({handle.name}) for {timeout:.0f} s") from None
+            time.sleep(0.1)
+
+
 class Cluster:
     """Build, use and tear down an N-node cluster."""
 
@@ -105,7 +138,7 @@ class Cluster:
         # Each command's jobs keep their own bad-node list (unless the test names one): a node one
         # job named (a straggler, a screen) must not leave the next test's job without nodes.
         self._lists += 1
-        env["HPCTORCH_BAD_NODES"] = str(self.dir / f"bad-nodes-{self._lists}.jsonl")
+        env["HPCTORCH_BAD_NODES"] = str(self.dir / f"bad-nodes-{os.getpid()}-{self._lists}.jsonl")  # test processes share the cluster
         env.update(extra)
         return env
 

@@ -97,6 +97,7 @@ def test_a_killed_worker_ends_the_whole_job(cluster: Cluster, job_dir: Path, vic
     print(f"teardown after kill -9 of rank {victim}: {elapsed:.1f} s")
 
 
+@pytest.mark.disturbs_cluster  # node2 cut off and stopped: no other job may run there meanwhile
 def test_a_vanished_node_is_noticed_and_named(cluster: Cluster, job_dir: Path) -> None:
     job = Job(cluster, job_dir)
     frozen: list[int] = []

@@ -130,6 +130,7 @@ def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spare
     assert with_staging <= 0.02 * without, (with_staging, without)
 
 
+@pytest.mark.disturbs_cluster  # node2 held to 10% of a CPU: no other job may run there meanwhile
 def test_a_slow_middle_node_stops_at_the_deadline_and_runs_from_the_shared_path(cluster: Cluster, job_dir: Path,
                                                                               stage_root: Path) -> None:
     """node2, the chain's middle, has no copy of the environment (1.5 GB, packed by the test before:
