@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=32)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
-    jobs = 2 if args.smoke else args.jobs
+    jobs = 1 if args.smoke else args.jobs  # a smoke run shows each command runs and is timed, not how many collide
     cases = {
         "torchrun --nproc-per-node 1 (defaults)": [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "1", WORKER],
         # What job scripts copy: a fixed port, the same in every job.

@@ -96,9 +96,10 @@ def hpctorch(*args: str, env: dict[str, str] | None = None, timeout: float = 120
     )
 
 
-FIRST_CLUSTER_SHARD = {"test_slurm_cluster.py", "test_interop_cluster.py"}
+FIRST_CLUSTER_SHARD = {"test_slurm_cluster.py", "test_interop_cluster.py", "test_squatter_cluster.py"}
 """With HPCTORCH_CLUSTER_SHARD=1 or 2 (scripts/run-tests), a test process runs only its half of the
-cluster tests: the first these modules' (about half the cluster tests' time), the second every other."""
+cluster tests: the first these modules' (about half the cluster tests' time, and every job of theirs a Slurm job,
+whose port is derived from its own job id), the second every other."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
