@@ -337,3 +337,22 @@ def test_node_0_shows_only_the_stacks_this_job_s_nodes_sent() -> None:
     server.append("hpctorch/wd/stacks/teardown/who", "2,x,")
     parts, covered = job.collect(sealed, "hpctorch/wd/stacks/teardown/", {0}, 3, 3.0)
     assert parts == [[{"ranks": [1], "frames": ["train.py:10"]}]] and covered == {0, 1}
+
+
+def test_a_dump_is_taken_only_for_node_0s_sealed_request_never_for_a_strangers_add() -> None:
+    """The stall dump's wake-up is a counter anyone at the port can add to; what a node answers is
+    node 0's sealed stall number (``stacks/asked``), each once."""
+    server, dogs, acted = start(2)
+    wait_for(lambda: server.check(["hpctorch/wd/beat/0", "hpctorch/wd/beat/1"]))  # both authenticated the store
+    node1 = dogs[1]
+    server.add("hpctorch/wd/stacks/want", 1)  # a stranger's request: no number sealed
+    assert node1._asked(server) is None
+    server.set("hpctorch/wd/stacks/asked", "1")  # planted without the run's seal
+    assert node1._asked(server) is None
+    authority.SealedStore(server, authority.node0_seal("wd")).set("hpctorch/wd/stacks/asked", "1")  # node 0's (judge.stalled)
+    assert node1._asked(server) == 1
+    node1._answered = 1
+    assert node1._asked(server) is None  # answered once
+    for dog in dogs:
+        dog.close()
+    assert acted == {}

@@ -4,6 +4,7 @@ silent seat a spare takes and whether one moved in (then watched like the seat i
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,15 @@ class StallWatch:
     output_size: Callable[[], int]
 
 
+def logged_bytes(root: str | None) -> int:
+    """Bytes the workers have written to their captured output so far (torch's per-rank
+    ``stdout.log``/``stderr.log`` under ``root``): a few stat calls per poll."""
+    total = 0
+    for where, _dirs, files in os.walk(root or ""):
+        total += sum(os.path.getsize(os.path.join(where, f)) for f in files if f.endswith(".log"))
+    return total
+
+
 class Judge:
     """Node 0's view of every node's counters: who went silent, and whether all went quiet."""
 
@@ -58,9 +68,11 @@ class Judge:
         self.arriving: list[tuple[str, str]] = []
         """Spares that moved in whose watchdog has not beaten yet."""
 
-    def stalled(self, store, outs: list[str], now: float) -> str | None:  # type: ignore[no-untyped-def]
+    def stalled(self, store, outs: list[str], now: float, sealed) -> str | None:  # type: ignore[no-untyped-def]
         """No node's output grew for the stall timeout: ask for a dump (once per stall), or
-        with kill return the reason to abort."""
+        with kill return the reason to abort. The request is the stall's number, sealed
+        (``sealed``: ``store`` under the run's seal), then a wake-up on the ``want`` counter:
+        a stranger who adds to the counter asks for nothing."""
         if self.stall is None or not self.all_started:
             return None
         counts = store.multi_get(outs)
@@ -78,6 +90,7 @@ class Judge:
         reason = f"no rank wrote any output for {self.stall.seconds:.0f} s (--stall-timeout)"
         if self.stall.kill:
             return reason
+        sealed.set(f"hpctorch/{self.plan.run_id}/stacks/asked", str(len(self.stalls)))
         store.add(f"hpctorch/{self.plan.run_id}/stacks/want", 1)
         return None
 

@@ -206,9 +206,10 @@ def main(argv: Sequence[str]) -> int:
         return 0  # over before there was anything to watch
     from . import authority
     from .agreement import open_store
+    from .judge import StallWatch, logged_bytes
     from .straggler_worker import DIR_ENV
     from .stragglers import for_node
-    from .watchdog import JobWatchdog, StallWatch, logged_bytes
+    from .watchdog import JobWatchdog
 
     try:
         # Node 0: the watchdog's store, served while referenced, with the record by which every

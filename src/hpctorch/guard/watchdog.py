@@ -27,9 +27,10 @@ then prints the survivors' stacks every node took at teardown (``stacks.job``).
 With ``--stall-timeout`` every node also adds one to ``out/<node>`` in a poll where its
 workers' output grew, and reads the counter ``stacks/want`` (one request); node 0 reads every
 ``out`` in one ``multi_get``. Once any moved (a rank wrote something: the start before has
-timeouts of its own), when none moved for the timeout, node 0 asks for a dump (adds
-one to ``stacks/want``: each node answers once, then again only after output resumed and
-stalled again) or, with ``--stall-action kill``, sets ``abort``. That runs in a thread of its
+timeouts of its own), when none moved for the timeout, node 0 asks for a dump (the stall's
+number, sealed, in ``stacks/asked``, then one added to ``stacks/want``, which wakes the nodes:
+each answers a number once, so a dump again only after output resumed and stalled again; a
+stranger's add asks for nothing) or, with ``--stall-action kill``, sets ``abort``. That runs in a thread of its
 own: sizing the logs (on a stalled shared file system) or taking stacks never delays a beat.
 """
 
@@ -119,6 +120,8 @@ class JobWatchdog:
         self._output = 0
         """Bytes of this node's output last counted: ``out/<node>`` moves once they grow past it."""
         self._wanted = 0
+        self._answered = 0
+        """The last stall whose dump this node took (node 0's sealed number for it)."""
         self.spares = spares
 
     def start(self) -> "JobWatchdog":
@@ -372,7 +375,7 @@ class JobWatchdog:
                 master_finished = state == FINISHED
                 if judge is not None:
                     self.requests += 1
-                    reason = judge.verdict(store, self._beats, now, self._sealed(store)) or judge.stalled(store, self._outs, now)
+                    reason = judge.verdict(store, self._beats, now, self._sealed(store)) or judge.stalled(store, self._outs, now, self._sealed(store))
                     if reason:
                         self._set_abort(store, reason)
                         self._abort(store, reason)
@@ -421,20 +424,27 @@ class JobWatchdog:
         if wanted <= self._wanted or self.stacks is None:
             return
         self._wanted = wanted
+        stall = self._asked(store)
+        if stall is None:
+            return  # the counter moved, and node 0 asked for no new dump: someone else's request
+        self._answered = stall
         from ..stacks.job import publish
 
-        own = self.stacks.take(f"stall{wanted}")
+        own = self.stacks.take(f"stall{stall}")
         if not self.plan.is_master:
-            publish(self._sealed(store), f"{self.stacks.prefix}stall{wanted}/", [self.plan.node_rank], own[0])
+            publish(self._sealed(store), f"{self.stacks.prefix}stall{stall}/", [self.plan.node_rank], own[0])
             return
         title = f"no rank wrote any output for {self.stall.seconds:.0f} s (--stall-timeout); the job goes on; stacks"
-        print("\n".join(self.stacks.lines(self._sealed(store), f"stall{wanted}", own, COLLECT_S, title)), file=sys.stderr, flush=True)
+        print("\n".join(self.stacks.lines(self._sealed(store), f"stall{stall}", own, COLLECT_S, title)), file=sys.stderr, flush=True)
 
+    def _asked(self, store) -> int | None:  # type: ignore[no-untyped-def]
+        """The stall node 0 last asked a dump for (its sealed number), when this node has not answered it yet."""
+        key = f"{self.prefix}stacks/asked"
+        self.requests += 1
+        if not store.check([key]):
+            return None
+        self.requests += 1
+        opened = self._sealed(store).opened([key])[0]
+        stall = int(opened) if opened is not None and opened.isdigit() else None
+        return stall if stall is not None and stall > self._answered else None
 
-def logged_bytes(root: str | None) -> int:
-    """Bytes the workers have written to their captured output so far (torch's per-rank
-    ``stdout.log``/``stderr.log`` under ``root``): a few stat calls per poll."""
-    total = 0
-    for where, _dirs, files in os.walk(root or ""):
-        total += sum(os.path.getsize(os.path.join(where, f)) for f in files if f.endswith(".log"))
-    return total

@@ -179,8 +179,9 @@ def run_per_node(
     from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError
 
     from ..guard import agreement, authority
+    from ..guard.judge import StallWatch, logged_bytes
     from ..guard.stallalone import AloneStall
-    from ..guard.watchdog import JobWatchdog, StallWatch, logged_bytes
+    from ..guard.watchdog import JobWatchdog
     from ..stacks.job import NodeStacks, install_teardown_capture
     from .attempts import EXIT_NO_PROGRESS, Attempts, NoProgress, limit_from
 

@@ -315,7 +315,7 @@ def _watch_stall_alone(plan: Plan, root: str, stall: tuple[float, str] | None): 
     if stall is None:
         return None
     from ..guard.stallalone import AloneStall
-    from ..guard.watchdog import StallWatch, logged_bytes
+    from ..guard.judge import StallWatch, logged_bytes
     from ..stacks.job import NodeStacks
 
     stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
