@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from ..errors import HpctorchError, os_error_line
@@ -151,24 +151,9 @@ def _stacks(args: argparse.Namespace) -> int:
 
     if args.timeout <= 0:
         raise HpctorchError(f"--timeout {args.timeout:g} is not a number of seconds", "give a positive number, e.g. --timeout 20")
-    code = command.run(os.environ, args.run_id, args.method, args.timeout, args.native, _stacks_store)
+    code = command.run(os.environ, args.run_id, args.method, args.timeout, args.native)
     sys.stdout.flush()
     os._exit(code)  # a TCPStore client may be open: skip torch's exit-time teardown
-
-
-def _stacks_store(store, job: Mapping[str, str], timeout_s: float):  # type: ignore[no-untyped-def]
-    """An hpctorch job's store, authenticated as its node 0's (``guard.authority``: the run's record
-    there), under the run's seal: a part someone else planted is left out, and a store someone else
-    serves at the job's port is refused in one line. A plain torchrun job's has no seal to check."""
-    if not any(name.startswith("HPCTORCH_") for name in job):
-        return store
-    from types import SimpleNamespace
-
-    from ..guard import authority
-
-    endpoint = SimpleNamespace(run_id=job["TORCHELASTIC_RUN_ID"], master_addr=job.get("MASTER_ADDR", ""),
-                               master_port=int(job.get("MASTER_PORT", "0") or 0), agreement_dir=None)
-    return authority.SealedStore(store, authority.verify(store, endpoint, timeout_s))
 
 
 def _run(args: argparse.Namespace) -> int:

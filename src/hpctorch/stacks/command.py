@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from ..errors import HpctorchError
 from ..schedulers import hostlist
@@ -85,10 +84,7 @@ def workers_here(env: Mapping[str, str], run_id: str | None = None) -> tuple[lis
     return sorted(workers, key=lambda w: w.rank), processes[0][1]
 
 
-def run(env: Mapping[str, str], run_id: str | None, method: str, timeout_s: float, native: bool,
-        authenticate: Callable[[Any, Mapping[str, str], float], Any]) -> int:
-    """``authenticate(store, job, timeout)``: the job's store as its node 0's, under the run's seal
-    (``guard`` comes after this stage: the command line hands it over)."""
+def run(env: Mapping[str, str], run_id: str | None, method: str, timeout_s: float, native: bool) -> int:
     workers, job = workers_here(env, run_id)
     nnodes = int(job.get("GROUP_WORLD_SIZE") or 1)
     here = sorted({w.node for w in workers})
@@ -104,7 +100,6 @@ def run(env: Mapping[str, str], run_id: str | None, method: str, timeout_s: floa
               f"this node's ranks only", file=sys.stderr)
         print("\n".join(groups.summary(groups.merge([part]), len(here), dump)), flush=True)
         return 1
-    store = authenticate(store, job, timeout_s)
     prefix = f"hpctorch/{job['TORCHELASTIC_RUN_ID']}/stacks-on-demand/"
     if 0 not in here:
         publish(store, prefix, here, part)
