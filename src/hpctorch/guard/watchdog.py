@@ -30,8 +30,9 @@ workers' output grew, and reads the counter ``stacks/want`` (one request); node 
 timeouts of its own), when none moved for the timeout, node 0 asks for a dump (the stall's
 number, sealed, in ``stacks/asked``, then one added to ``stacks/want``, which wakes the nodes:
 each answers a number once, so a dump again only after output resumed and stalled again; a
-stranger's add asks for nothing) or, with ``--stall-action kill``, sets ``abort``. That runs in a thread of its
-own: sizing the logs (on a stalled shared file system) or taking stacks never delays a beat.
+stranger's add asks for nothing) or, with ``--stall-action kill``, sets ``abort``. That runs in
+a thread of its own: sizing the logs (on a stalled shared file system) or taking stacks never
+delays a beat.
 """
 
 from __future__ import annotations
@@ -445,6 +446,5 @@ class JobWatchdog:
             return None
         self.requests += 1
         opened = self._sealed(store).opened([key])[0]
-        stall = int(opened) if opened is not None and opened.isdigit() else None
-        return stall if stall is not None and stall > self._answered else None
+        return int(opened) if opened is not None and opened.isdigit() and int(opened) > self._answered else None
 
