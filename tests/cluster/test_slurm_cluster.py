@@ -125,8 +125,11 @@ def test_twenty_restarts_in_a_row_are_each_clean(cluster: Cluster, job_dir: Path
     # own failure each time (its count is the attempt's); node1, restarted by its peer's, keeps a
     # lower count (torch's agent counts only its own failures).
     assert {total for _rank, total, _attempt in met} == {"6"}, met
-    said = "\n".join(line for line in done.stderr.splitlines() if "hpctorch:" in line and "warm standby" not in line)
-    assert sorted(Counter(rank for rank, _total, _attempt in met).items()) == [(r, 21) for r in "0123"], (met, said, done.stderr[-3000:])
+    # Printed, not in the assertion's message (pytest cuts that short): what every node said, and where the whole output is.
+    (job_dir / "stderr.txt").write_text(done.stderr)
+    print("\n".join(line for line in done.stderr.splitlines() if "hpctorch:" in line and "warm standby" not in line))
+    print(f"attempts met: {met}\nthe whole output: {job_dir / 'stderr.txt'}")
+    assert sorted(Counter(rank for rank, _total, _attempt in met).items()) == [(r, 21) for r in "0123"], done.stderr[-3000:]
     assert sorted({int(attempt) for rank, _total, attempt in met if rank in "23"}) == list(range(21)), met
     assert done.returncode != 0
     assert "rank 3 on node 1 (node2) (local rank 1) exited with code 3" in done.stderr, done.stderr[-3000:]
