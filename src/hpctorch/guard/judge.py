@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..plan.types import Plan
 from ..terminal import printable
-from .keys import DONE, REPLACED, beat_key, spares_prefix
+from .keys import DONE, REPLACED, beat_key, spares_prefix, stall_dump_keys
 
 SILENT_AFTER_S = 10.0
 NEVER_BEAT_S = 60.0
@@ -90,8 +90,9 @@ class Judge:
         reason = f"no rank wrote any output for {self.stall.seconds:.0f} s (--stall-timeout)"
         if self.stall.kill:
             return reason
-        sealed.set(f"hpctorch/{self.plan.run_id}/stacks/asked", str(len(self.stalls)))
-        store.add(f"hpctorch/{self.plan.run_id}/stacks/want", 1)
+        asked, want = stall_dump_keys(self.plan.run_id)
+        sealed.set(asked, str(len(self.stalls)))
+        store.add(want, 1)
         return None
 
     def verdict(self, store, beats: list[str], now: float, sealed) -> str | None:  # type: ignore[no-untyped-def]

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 from ..plan.types import Plan
 from ..terminal import printable
 from .judge import Judge, StallWatch  # noqa: F401 - StallWatch: the starters build it from here
-from .keys import DONE, REPLACED, beat_key
+from .keys import DONE, REPLACED, beat_key, stall_dump_keys
 from .stragglers import Watch
 
 if TYPE_CHECKING:
@@ -121,8 +121,7 @@ class JobWatchdog:
         self._output = 0
         """Bytes of this node's output last counted: ``out/<node>`` moves once they grow past it."""
         self._wanted = 0
-        self._answered = 0
-        """The last stall whose dump this node took (node 0's sealed number for it)."""
+        self._answered = 0  # the last stall whose dump this node took: node 0's sealed number for it
         self.spares = spares
 
     def start(self) -> "JobWatchdog":
@@ -376,7 +375,8 @@ class JobWatchdog:
                 master_finished = state == FINISHED
                 if judge is not None:
                     self.requests += 1
-                    reason = judge.verdict(store, self._beats, now, self._sealed(store)) or judge.stalled(store, self._outs, now, self._sealed(store))
+                    sealed = self._sealed(store)
+                    reason = judge.verdict(store, self._beats, now, sealed) or judge.stalled(store, self._outs, now, sealed)
                     if reason:
                         self._set_abort(store, reason)
                         self._abort(store, reason)
@@ -421,7 +421,7 @@ class JobWatchdog:
             self.requests += 1
             store.add(f"{self.prefix}out/{self.plan.node_rank}", 1)
         self.requests += 1
-        wanted = store.add(f"{self.prefix}stacks/want", 0)
+        wanted = store.add(stall_dump_keys(self.plan.run_id)[1], 0)
         if wanted <= self._wanted or self.stacks is None:
             return
         self._wanted = wanted
@@ -440,7 +440,7 @@ class JobWatchdog:
 
     def _asked(self, store) -> int | None:  # type: ignore[no-untyped-def]
         """The stall node 0 last asked a dump for (its sealed number), when this node has not answered it yet."""
-        key = f"{self.prefix}stacks/asked"
+        key = stall_dump_keys(self.plan.run_id)[0]
         self.requests += 1
         if not store.check([key]):
             return None
