@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from hpctorch.start import raised
 from hpctorch.start.workers import first_failure
+
+from ..conftest import clean_env
 
 errors = pytest.importorskip("torch.distributed.elastic.multiprocessing.errors")
 
@@ -104,3 +109,45 @@ def test_an_exit_is_noted_to_the_millisecond_and_the_status_left_for_its_parent(
 def test_a_rank_stopped_by_sigterm_never_outranks_a_rank_that_raised(tmp_path: Path) -> None:
     error = errors.ChildFailedError("train", {0: _failure(tmp_path, 0, -15, 99), 1: _failure(tmp_path, 1, 1, 101, 100.5)})
     assert first_failure(error)[0] == 1
+
+
+TORN_WRITER = """
+import os, sys
+from hpctorch.start import raised
+os.environ["TORCHELASTIC_ERROR_FILE"] = sys.argv[1]
+try:
+    raise RuntimeError("x" * 10_000_000)  # a record that takes a while to write
+except RuntimeError as error:
+    raised.report(error)
+"""
+
+
+def test_a_rank_killed_while_it_records_its_exception_leaves_the_whole_record_or_none(tmp_path: Path) -> None:
+    """The agent SIGTERMs the survivors of a failure, which may be writing their own record: the
+    file torch's agent then reads must parse, or not be there."""
+    folder = tmp_path / "attempt_0" / "0"
+    folder.mkdir(parents=True)
+    path = folder / "error.json"
+    child = subprocess.Popen([sys.executable, "-c", TORN_WRITER, str(path)], stderr=subprocess.DEVNULL, env=clean_env())
+    deadline = time.monotonic() + 120
+    while not any(folder.iterdir()) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    child.kill()  # as soon as its writing shows
+    child.wait(timeout=60)
+    if path.exists():
+        json.loads(path.read_text())
+
+
+def test_a_torn_error_file_reads_as_none_and_the_agent_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's agent read a stopped rank's torn file back and raised, ending the job (#40)."""
+    monkeypatch.setattr(errors.ProcessFailure, "__post_init__", errors.ProcessFailure.__post_init__)  # restored after
+    path = tmp_path / "error.json"
+    path.write_text('{"message": {"mess')
+    with pytest.raises(ValueError):
+        errors.ProcessFailure(local_rank=0, pid=123, exitcode=-15, error_file=str(path))  # torch alone
+    raised.tolerate_torn_error_files()
+    failure = errors.ProcessFailure(local_rank=0, pid=123, exitcode=-15, error_file=str(path))
+    assert failure.exitcode == -15 and "Signal 15" in failure.message, failure.message
+    assert not path.exists() and (tmp_path / "error.json.torn").read_text() == '{"message": {"mess'
+    path.write_text(json.dumps({"message": {"message": "KeyError: 'x'", "extraInfo": {"timestamp": "100"}}}))
+    assert errors.ProcessFailure(local_rank=0, pid=124, exitcode=1, error_file=str(path)).message["message"] == "KeyError: 'x'"

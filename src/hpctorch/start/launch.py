@@ -150,13 +150,14 @@ def run_per_node(
     """
     from torch.distributed.launcher.api import elastic_launch
 
-    from . import exitbarrier, exits, gpurelease, roundwake, torchlogs
+    from . import exitbarrier, exits, gpurelease, raised, roundwake, torchlogs
 
     torchlogs.quiet()
     exits.install()
     gpurelease.install()
     roundwake.install()
     exitbarrier.install()
+    raised.tolerate_torn_error_files()
     assert plan.master_addr is not None, "the exchange runs before the final plan"
     os.environ.update(plan.common_env)
     stacks_env(os.environ)  # type: ignore[arg-type]

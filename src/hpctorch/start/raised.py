@@ -71,11 +71,55 @@ def report(error: BaseException) -> None:
     summary = f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
     data = {"message": {"message": summary, "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}},
             RECORD: {"exception": summary, "where": where(trimmed.stack), "time": time.time()}}
+    from ..host.folders import replace_file
+
     try:
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(data, handle)
+        # Whole or not at all: torch's agent reads the file of every rank it stops, and one torn by
+        # the SIGTERM that stopped this rank mid-write made that agent raise, ending the job.
+        replace_file(path, json.dumps(data))
     except OSError:
         pass  # the closing line then names the exit code only
+
+
+def tolerate_torn_error_files() -> None:
+    """In the agent: a worker's error file that does not parse reads as none. torch's ``@record``
+    writes it in place (``report`` here replaces it whole), so a rank stopped mid-write (the agent's SIGTERM to the survivors of a
+    failure) leaves it empty or cut; torch's agent then raised reading it back for the stopped
+    rank (``ProcessFailure.__post_init__``, torch 2.1 to 2.13) and stopped, closing the
+    rendezvous on every node: a failure that restarts cleanly ended the job. The torn file is
+    kept beside as ``error.json.torn``."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    original = ProcessFailure.__post_init__
+    if getattr(original, "_hpctorch", False):
+        return
+
+    def __post_init__(self) -> None:  # type: ignore[no-untyped-def]
+        if _unreadable(self.error_file):  # set aside first: torch would log its parse error's traceback, then raise
+            try:
+                os.replace(self.error_file, self.error_file + ".torn")
+            except OSError:  # cannot be: the fields torch sets, said plainly
+                self.error_file_data, self.message, self.timestamp = {"message": ""}, f"exit code {self.exitcode}", int(time.time())
+                return
+        original(self)  # a torn file set aside: as for a rank that wrote none, its exit code or signal
+
+    __post_init__._hpctorch = True  # type: ignore[attr-defined]
+    ProcessFailure.__post_init__ = __post_init__  # type: ignore[method-assign]
+
+
+def _unreadable(path: str) -> bool:
+    """Whether ``path`` is there and torch's ``ProcessFailure`` could not read it: not JSON, or
+    without the message and timestamp torch takes from it."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        message = data["message"]
+        int(message["extraInfo"]["timestamp"] if isinstance(message, dict) else data.get("timestamp", 0))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return False
 
 
 def _record(path: str) -> dict:
