@@ -8,6 +8,7 @@ Tests that need something a laptop may lack (root, scontrol, mpirun) call
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import re
 import shutil
@@ -51,29 +52,36 @@ def require(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
-WAIT_FOR_STANDBYS = """
+def standbys_of(mark: str) -> list[int]:
+    """Live processes started as standbys (hpctorch.start.standby: their command line says so) by
+    the job whose environment holds JOB_MARK=``mark``: every node of a test shares this machine's /proc."""
+    import os
+
+    found, wanted = [], ("JOB_MARK=" + mark).encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as source:
+                if b"--standby" not in source.read().split(bytes(1)):
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as source:
+                if wanted in source.read().split(bytes(1)):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+WAIT_FOR_STANDBYS = inspect.getsource(standbys_of) + """
 def wait_for_standbys(count):
-    # This job's live standbys (hpctorch.start.standby: their command line says so; the test's
-    # JOB_MARK in their environment), counted until there are ``count``: every node of a test
-    # shares this machine's /proc. Waited for, not slept on: a loaded machine spawns them late.
-    mark, deadline = ("JOB_MARK=" + os.environ["JOB_MARK"]).encode(), time.monotonic() + 180
-    while time.monotonic() < deadline:
-        found = 0
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as source:
-                    if b"--standby" not in source.read().split(bytes(1)):
-                        continue
-                with open(f"/proc/{pid}/environ", "rb") as source:
-                    found += mark in source.read().split(bytes(1))
-            except OSError:
-                continue
-        if found >= count:
-            return
+    # Waited for, not slept on: a loaded machine spawns them late.
+    deadline = time.monotonic() + 180
+    while len(standbys_of(os.environ["JOB_MARK"])) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"fewer than {count} standbys after 180 s")
         time.sleep(0.1)
-    raise SystemExit(f"only {found} of {count} standbys after 180 s")
 """
-"""Source for a worker script (it needs ``os`` and ``time``): ``wait_for_standbys(count)``."""
+"""Source for a worker script (it needs ``os`` and ``time``): ``wait_for_standbys(count)``, this
+job's standbys (``standbys_of``, the same function the tests call) counted until there are ``count``."""
 
 
 PREFIX = re.compile(r"^\[[^\]\n]*rank \d+\]: ", re.M)

@@ -7,6 +7,10 @@ import importlib.util
 from .conftest import ROOT, require, unprefixed
 
 FRAMEWORKS = ("lightning", "accelerate", "deepspeed")
+JOB_LIMIT_S = 600
+"""A hang guard for one framework job: DeepSpeed's first job compiles its CPU op (scripts/run-tests
+builds it beside the tests, and a job started meanwhile waits on torch's build lock): 5.6 minutes
+of a loaded machine once, where the job itself takes seconds."""
 
 
 def example(framework: str) -> str:

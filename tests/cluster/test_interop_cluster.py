@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ..interop import FRAMEWORKS, example, expected, hosts, reported
+from ..interop import FRAMEWORKS, JOB_LIMIT_S, example, expected, hosts, reported
 from .conftest import PYTHON
 from .harness import Cluster
 
@@ -23,7 +23,7 @@ def test_framework_under_srun(cluster: Cluster, job_dir: Path, framework: str, m
         argv = [*srun, "--ntasks-per-node=2", PYTHON, "-m", "hpctorch", "run", script]
     else:
         argv = [*srun, "--ntasks-per-node=1", PYTHON, "-m", "hpctorch", "run", "--nproc-per-node", "2", script]
-    done = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *argv], timeout=300)
+    done = cluster.run("node1", ["sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), *argv], timeout=JOB_LIMIT_S)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert reported(done.stdout, framework) == expected(framework, [(0, 0, 4, 0), (1, 1, 4, 0), (2, 0, 4, 1), (3, 1, 4, 1)])
     assert hosts(done.stdout, framework) == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}

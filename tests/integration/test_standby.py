@@ -7,14 +7,13 @@ needed is gone with the job."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from pathlib import Path
 
 import pytest
 
-from ..conftest import WAIT_FOR_STANDBYS, clean_env, hpctorch
+from ..conftest import WAIT_FOR_STANDBYS, clean_env, hpctorch, standbys_of
 
 pytest.importorskip("torch")
 
@@ -50,22 +49,6 @@ def _lines(output: str) -> list[dict[str, str]]:
     return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in output.splitlines() if "attempt=" in line]
 
 
-def _standbys_of(mark: str) -> list[int]:
-    """Live processes started as standbys (their command line) by the job marked ``mark``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as source:
-                if b"--standby" not in source.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/environ", "rb") as source:
-                if f"JOB_MARK={mark}".encode() in source.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
-
-
 def test_the_restart_runs_in_the_standbys_with_the_new_attempt_s_ranks(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
@@ -82,7 +65,7 @@ def test_the_restart_runs_in_the_standbys_with_the_new_attempt_s_ranks(tmp_path:
     died = float(re.search(r"dies at (\S+)", done.stdout).group(1))  # type: ignore[union-attr]
     assert all(float(r["started"]) < died for r in again), (died, again)  # started before the failure: ahead
     assert "hpctorch: 2 of 2 worker(s) of this attempt run in their warm standby" in done.stderr
-    assert _standbys_of(mark) == []  # the standbys made for a next failure went with the job
+    assert standbys_of(mark) == []  # the standbys made for a next failure went with the job
     # hpctorch's hooks work in a standby too (torch.distributed was imported ahead): the straggler
     # watch saw the restarted attempt's first collective, so the goodput knows it trained.
     attempts = json.loads(summary.read_text())["goodput"]["attempts"]
