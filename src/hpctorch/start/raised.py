@@ -7,7 +7,7 @@ printed as ``python train.py`` would print it (hpctorch's and runpy's frames lef
 exceptions kept), and torch's error file (``TORCHELASTIC_ERROR_FILE``, the format of torch's
 ``@record``) gets the exception and where in the user's code it was raised, which the closing
 line names: ``rank 1 (local rank 1) raised KeyError: 'missing_column' at train.py:4``.
-Standard library only: imported by every worker.
+No torch at import (the standard library and hpctorch's own folders): imported by every worker.
 """
 
 from __future__ import annotations
@@ -83,11 +83,11 @@ def report(error: BaseException) -> None:
 
 def tolerate_torn_error_files() -> None:
     """In the agent: a worker's error file that does not parse reads as none. torch's ``@record``
-    writes it in place (``report`` here replaces it whole), so a rank stopped mid-write (the agent's SIGTERM to the survivors of a
-    failure) leaves it empty or cut; torch's agent then raised reading it back for the stopped
-    rank (``ProcessFailure.__post_init__``, torch 2.1 to 2.13) and stopped, closing the
-    rendezvous on every node: a failure that restarts cleanly ended the job. The torn file is
-    kept beside as ``error.json.torn``."""
+    writes it in place (``report`` replaces it whole), so a rank stopped mid-write (the agent's
+    SIGTERM to the survivors of a failure) leaves it empty or cut; torch's agent then raised
+    reading it back for the stopped rank (``ProcessFailure.__post_init__``, torch 2.1 to 2.13)
+    and stopped, closing the rendezvous on every node: a failure that restarts cleanly ended the
+    job. The torn file is kept beside as ``error.json.torn``."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     original = ProcessFailure.__post_init__
