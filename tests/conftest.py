@@ -104,26 +104,18 @@ def hpctorch(*args: str, env: dict[str, str] | None = None, timeout: float = 120
     )
 
 
-CLUSTER_SHARDS = (
-    {"test_slurm_cluster.py", "test_wrappers_cluster.py", "test_torchrun_cluster.py"},
-    {"test_venv_staging_cluster.py", "test_squatter_cluster.py", "test_containers_cluster.py"},
-)
-"""With HPCTORCH_CLUSTER_SHARD=1, 2 or 3 (scripts/run-tests), a test process runs only its third of
-the cluster tests, about 800 s each: the first two shards these modules' (every job of theirs a Slurm
-job, whose port is derived from its own job id), the third every other module, so the jobs that mpirun,
-a hostfile or Grid Engine start are all in one process."""
-
-
-def cluster_shard(module: str) -> int:
-    """The shard (1, 2 or 3) that runs the cluster tests of ``module`` (a file name)."""
-    return next((index + 1 for index, modules in enumerate(CLUSTER_SHARDS) if module in modules), len(CLUSTER_SHARDS) + 1)
+FIRST_CLUSTER_SHARD = {"test_slurm_cluster.py", "test_interop_cluster.py", "test_squatter_cluster.py"}
+"""With HPCTORCH_CLUSTER_SHARD=1 or 2 (scripts/run-tests), a test process runs only its half of the
+cluster tests: the first these modules' (about half the cluster tests' time, and every job of theirs a Slurm job,
+whose port is derived from its own job id), the second every other."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     shard = os.environ.get("HPCTORCH_CLUSTER_SHARD")
-    if shard not in ("1", "2", "3"):
+    if shard not in ("1", "2"):
         return
-    mine = [item for item in items if item.get_closest_marker("cluster") is None or cluster_shard(item.path.name) == int(shard)]
+    first = shard == "1"
+    mine = [item for item in items if item.get_closest_marker("cluster") is None or (item.path.name in FIRST_CLUSTER_SHARD) == first]
     if len(mine) < len(items):
         kept = {id(item) for item in mine}
         config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
