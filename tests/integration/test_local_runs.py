@@ -204,9 +204,21 @@ import os, sys, time
 marker = sys.argv[1]
 if os.environ["LOCAL_RANK"] == "1":
     time.sleep(0.5)
-    open(marker, "w").close()
+    with open(marker + ".tmp", "w") as out:
+        out.write(str(os.getpid()))
+    os.rename(marker + ".tmp", marker)
     os._exit(3)  # the cause
 while not os.path.exists(marker):
+    time.sleep(0.001)
+with open(marker) as source:
+    cause = source.read()
+def gone(pid):  # exited: a zombie until its parent reaps it, or reaped
+    try:
+        with open(f"/proc/{pid}/stat") as source:
+            return source.read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+while not gone(cause):  # after its exit, not its marker: a loaded machine can hold it between the two
     time.sleep(0.001)
 time.sleep(0.015)
 os._exit(4)  # a peer that noticed: milliseconds later, most often within the same 50 ms poll
@@ -214,9 +226,9 @@ os._exit(4)  # a peer that noticed: milliseconds later, most often within the sa
 
 
 def test_the_first_failure_named_is_the_first_in_time(tmp_path: Path) -> None:
-    """Rank 1 dies, rank 0 follows 15 ms later: the run names rank 1 (it named the lowest rank
-    one poll found dead, rank 0, in 7 of 10 tries: 97% of three). Not closer: under load the
-    threads that note each exit wake a few milliseconds late, and not always in order."""
+    """Rank 1 dies, rank 0 follows 15 ms after rank 1's exit: the run names rank 1 (it named the
+    lowest rank one poll found dead, rank 0, in 7 of 10 tries: 97% of three). Not closer: under
+    load the threads that note each exit wake a few milliseconds late, and not always in order."""
     script = tmp_path / "falls_together.py"
     script.write_text(FALLS_TOGETHER)
     for attempt in range(3):
