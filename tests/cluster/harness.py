@@ -343,6 +343,11 @@ PartitionName=wide Nodes={every} MaxTime=60 State=UP OverSubscribe=FORCE:8
         stop_daemons()  # a Grid Engine cell on node1, if a test left one running
         for pidfile in sorted(self.dir.glob("slurmd-*.pid")) + [self.dir / "slurmctld.pid", self.dir / "munge" / "munged.pid"]:
             _kill_by_pidfile(pidfile)
+        _kill_jobs_left(self.conf)
+        for spool in self.dir.glob("spool-*"):
+            # A job's state left there made the next cluster's slurmd report it ("Orphan StepId"),
+            # and the new job of the same id drained the node ("Duplicate jobid").
+            shutil.rmtree(spool, ignore_errors=True)
         listed = _sh("ip", "netns", "list", check=False).stdout.split()
         for ns in listed:
             if ns.startswith(f"{PREFIX}-"):
@@ -361,6 +366,23 @@ PartitionName=wide Nodes={every} MaxTime=60 State=UP OverSubscribe=FORCE:8
             pass
         if (self.dir / "state").exists():
             shutil.rmtree(self.dir / "state", ignore_errors=True)
+
+
+def _kill_jobs_left(conf: Path) -> None:
+    """SIGKILL every process still running on a node of this cluster: another network namespace
+    than this process's, and this cluster's SLURM_CONF in its environment (every job's process,
+    slurmstepd included, which outlives slurmd and its namespace's name)."""
+    here = os.readlink("/proc/self/ns/net")
+    mark = f"SLURM_CONF={conf}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") == here:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as source:
+                if mark in source.read().split(bytes(1)):
+                    os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            continue
 
 
 def _kill_by_pidfile(pidfile: Path, grace: float = 5.0) -> None:
