@@ -11,13 +11,13 @@ from hpctorch.guard.goodput import Attempt, account, first_collective, line
 
 def test_a_run_with_two_restarts_adds_up() -> None:
     # Started at 100; attempt 0 trained from 110 to 150; attempt 1 died at 160 before any
-    # collective; attempt 2 trained from 170 to the end at 200.
-    attempts = [Attempt(150.0, 110.0), Attempt(160.0, None), Attempt(200.0, 170.0)]
+    # collective; attempt 2 trained from 170 to its end at 198; the run ended at 200.
+    attempts = [Attempt(150.0, 110.0), Attempt(160.0, None), Attempt(198.0, 170.0)]
     got = account(100.0, 200.0, attempts)
-    assert got == {"wall_s": 100.0, "start_s": 10.0, "training_s": 70.0, "lost_s": [10.0, 10.0], "share": 0.7,
-                   "attempts": [{"first_s": 10.0, "ended_s": 50.0}, {"first_s": None, "ended_s": 60.0}, {"first_s": 70.0, "ended_s": 100.0}]}
-    assert got["start_s"] + got["training_s"] + sum(got["lost_s"]) == got["wall_s"]
-    assert line(got) == ("hpctorch: goodput 70%: 70.0 s training of 100.0 s; 10.0 s to the first collective; "
+    assert got == {"wall_s": 100.0, "start_s": 10.0, "training_s": 68.0, "lost_s": [10.0, 10.0], "ending_s": 2.0, "share": 0.68,
+                   "attempts": [{"first_s": 10.0, "ended_s": 50.0}, {"first_s": None, "ended_s": 60.0}, {"first_s": 70.0, "ended_s": 98.0}]}
+    assert got["start_s"] + got["training_s"] + sum(got["lost_s"]) + got["ending_s"] == got["wall_s"]
+    assert line(got) == ("hpctorch: goodput 68%: 68.0 s training of 100.0 s; 10.0 s to the first collective; "
                          "20.0 s lost to 2 restarts (10.0 s, 10.0 s)")
 
 

@@ -68,6 +68,8 @@ def account(started: float, ended: float, attempts: Sequence[Attempt], stages: S
         lost.append(round(max(0.0, (after.first if after.first is not None else after.ended) - before.ended), 3))
     result: dict[str, object] = {
         "wall_s": round(wall, 3), "start_s": round(start_s, 3), "training_s": round(training, 3), "lost_s": lost,
+        # After the last attempt ended: its teardown and the closing work (seconds on a loaded machine).
+        "ending_s": round(max(0.0, ended - attempts[-1].ended), 3),
         "share": round(training / wall, 4),
         "attempts": [{"first_s": None if a.first is None else round(a.first - started, 3), "ended_s": round(a.ended - started, 3)}
                      for a in attempts]}
