@@ -64,7 +64,7 @@ def client(first: int, last: int, nnodes: int, port: int, size: int, digest: str
 
         try:
             spread.take_part(store, PREFIX, me, nnodes, "127.0.0.1", "token", size, consume, None, fanout, time.monotonic() + 600,
-                             accept_s=120, idle_s=300)
+                             accept_s=120, idle_s=300).close()
             results[me] = {"done": time.time(), "ok": count == size and hashed.hexdigest() == digest}
         except spread.SpreadError as exc:
             results[me] = {"done": time.time(), "ok": False, "error": str(exc)}
@@ -107,7 +107,7 @@ def simulate(nnodes: int, mib: float, fanout: int) -> dict:
     started = time.time()
     server.set(PREFIX + "go", "1")
     spread.take_part(server, PREFIX, 0, nnodes, "127.0.0.1", "token", len(payload), None, source(), fanout, time.monotonic() + 600,
-                     accept_s=120, idle_s=300)
+                     accept_s=120, idle_s=300).close()
     results: dict[int, dict] = {}
     for child in children:
         out, _ = child.communicate(timeout=900)
@@ -148,7 +148,7 @@ def slow_node(mib: float = 64.0, rate_mib_s: float | None = 5.0, deadline_s: flo
         source = [payload[at:at + CHUNK] for at in range(0, len(payload), CHUNK)] if me == 0 else None
         try:
             spread.take_part(store, PREFIX + "slow/", me, 4, "127.0.0.1", "token", len(payload), None if me == 0 else consume, source, 2,
-                             deadline, spool_dir=spool)
+                             deadline, spool_dir=spool).close()
             outcome[me] = "all bytes"
         except spread.SpreadError as exc:
             outcome[me] = str(exc)

@@ -269,19 +269,22 @@ def _chunked(payload: bytes, size: int = spread.CHUNK) -> list[bytes]:
 
 
 def _tree(nnodes: int, fanout: int, payload: bytes, consume_of, spool_dir: Path, deadline_s: float = 60.0,  # type: ignore[no-untyped-def]
-          source=None, idle_s: float = spread.IDLE_S) -> tuple[dict[int, str], dict[int, float]]:
-    """Every node of a tree as a thread; each node's error (if any) and when it returned."""
+          source=None, idle_s: float = spread.IDLE_S, said: dict[int, list[str]] | None = None) -> tuple[dict[int, str], dict[int, float]]:
+    """Every node of a tree as a thread; each node's error (if any) and when it returned (and in
+    ``said``, the lines each node said)."""
     server = _store(True)
     errors: dict[int, str] = {}
     ended: dict[int, float] = {}
+    parts: list[spread.Part] = []  # each serving nodes below it whose parent failed them, until all are done
     deadline = time.monotonic() + deadline_s
 
     def node(me: int) -> None:
         store = server if me == 0 else _store(False, server.port)
         given = (source if source is not None else _chunked(payload)) if me == 0 else None
         try:
-            spread.take_part(store, "t/", me, nnodes, "127.0.0.1", "tok", len(payload), consume_of(me), given, fanout, deadline,
-                             idle_s=idle_s, spool_dir=str(spool_dir))
+            parts.append(spread.take_part(store, "t/", me, nnodes, "127.0.0.1", "tok", len(payload), consume_of(me), given, fanout, deadline,
+                             idle_s=idle_s, spool_dir=str(spool_dir),
+                             say=None if said is None else lambda line: said.setdefault(me, []).append(line)))
         except (spread.SpreadError, ValueError) as exc:
             errors[me] = str(exc)
         ended[me] = time.monotonic() - (deadline - deadline_s)
@@ -292,6 +295,8 @@ def _tree(nnodes: int, fanout: int, payload: bytes, consume_of, spool_dir: Path,
     for thread in threads:
         thread.join(deadline_s + 120)
     assert not any(thread.is_alive() for thread in threads)
+    for part in parts:
+        part.close()
     return errors, ended
 
 
@@ -313,7 +318,7 @@ def test_the_tree_brings_every_node_the_same_bytes_and_a_stranger_gets_nothing(t
         source = _chunked(payload, 65536) if me == 0 else None
         try:
             spread.take_part(store, "t/", me, nnodes, "127.0.0.1", "secret", len(payload), _keeping(got, me), source, fanout,
-                             time.monotonic() + 60, spool_dir=str(tmp_path))
+                             time.monotonic() + 60, spool_dir=str(tmp_path)).close()
         except spread.SpreadError as exc:
             errors[me] = str(exc)
 
@@ -395,7 +400,7 @@ def test_a_relay_whose_children_need_nothing_ends_without_a_stray_thread_error(t
     assert raised == []
 
 
-def test_a_parent_that_goes_away_takes_its_subtree_which_says_so(tmp_path: Path) -> None:
+def test_a_pack_node_0_cannot_read_fails_every_node_and_each_says_so(tmp_path: Path) -> None:
     payload = os.urandom(4 * spread.CHUNK)
 
     def source():  # type: ignore[no-untyped-def]
@@ -406,6 +411,76 @@ def test_a_parent_that_goes_away_takes_its_subtree_which_says_so(tmp_path: Path)
     assert set(errors) == {0, 1, 2, 3, 4}
     assert "node 0 could not read its pack" in errors[0]
     assert all(f"went away after {spread.CHUNK} of {len(payload)} bytes" in errors[n] for n in (1, 2, 3, 4)), errors
+    # Each below node 1 asked the nodes above its parent in turn, up to node 0, which had no more.
+    assert all(errors[n].endswith("; no node above it could give the rest") for n in (2, 3, 4)), errors
+
+
+def test_a_node_too_slow_for_its_deadline_is_cut_off_and_its_child_takes_the_pack_from_node_0(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain 0 -> 1 -> 2 -> 3; node 1 receives at most 1 MiB a second (as a node held to a slice
+    of a CPU does), so at its pace it would end past its deadline: node 0 cuts it off once it has
+    seen that pace, node 1 says so and looks for no other parent, and node 2 asks node 0 for the
+    rest, from the byte it had. Before, node 2 and node 3 went down with node 1 at the deadline."""
+    receive = spread.Upstream.receive
+
+    def slow_for_node_1(self, into, got, size, deadline):  # type: ignore[no-untyped-def]
+        if self.node == 1:
+            time.sleep(1.0)
+        return receive(self, into, got, size, deadline)
+
+    monkeypatch.setattr(spread.Upstream, "receive", slow_for_node_1)
+    payload = os.urandom(64 * spread.CHUNK)
+    got: dict[int, bytes] = {}
+    said: dict[int, list[str]] = {}
+    errors, ended = _tree(4, 1, payload, lambda me: _keeping(got, me), tmp_path, deadline_s=30.0, said=said)
+    assert set(errors) == {1}, errors
+    assert errors[1].startswith("cut off by node 0: it took ") and "would not finish within its staging time" in errors[1], errors
+    assert {n: got.get(n) == payload for n in (0, 2, 3)} == {0: True, 2: True, 3: True}
+    assert 1 not in said and 3 not in said, said
+    assert len(said.get(2, [])) == 1 and said[2][0].startswith("takes the pack from node 0 from "), said
+    assert max(ended[n] for n in (2, 3)) < 30.0 + 30.0, ended  # within the deadline (the slack is for a loaded machine)
+
+
+def test_a_slow_leaf_is_never_cut_for_its_pace_only_stopped_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leaf takes the bytes at its extraction's pace, which a moment does not foretell (on the
+    cluster a leaf cut for its first seconds' pace would have finished), and no node waits on it:
+    node 1, alone below node 0, at 1 MiB a second, runs until its deadline and says that."""
+    receive = spread.Upstream.receive
+
+    def slow(self, into, got, size, deadline):  # type: ignore[no-untyped-def]
+        time.sleep(1.0)
+        return receive(self, into, got, size, deadline)
+
+    monkeypatch.setattr(spread.Upstream, "receive", slow)
+    payload = os.urandom(24 * spread.CHUNK)
+    errors, ended = _tree(2, 1, payload, lambda me: (lambda chunks: list(chunks)), tmp_path, deadline_s=12.0)
+    assert set(errors) == {1} and "ran out at" in errors[1] and "cut off" not in errors[1], errors
+    assert ended[1] >= 12.0 - 1.0, ended  # not before its deadline (a 1 s receive may overlap it)
+
+
+def test_the_children_of_a_node_that_cannot_keep_the_pack_take_it_from_node_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fan-out 2 over 5 nodes: node 0 -> 1, 2; node 1 -> 3, 4. Node 1's disk fills after its first
+    chunk, so it can keep nothing for its children: both ask node 0 for every byte, and only node 1
+    fails. Node 0 reads its pack from a file (its spool), node 1 alone keeps one."""
+    payload = os.urandom(6 * spread.CHUNK)
+    pack = tmp_path / "pack"
+    pack.write_bytes(payload)
+    spools = tmp_path / "spools"
+    spools.mkdir()
+    append = spread.Spool.append
+
+    def filling(self, data):  # type: ignore[no-untyped-def]
+        if self.written >= spread.CHUNK:
+            raise OSError(28, "No space left on device")
+        return append(self, data)
+
+    monkeypatch.setattr(spread.Spool, "append", filling)
+    got: dict[int, bytes] = {}
+    said: dict[int, list[str]] = {}
+    errors, _ = _tree(5, 2, payload, lambda me: _keeping(got, me), spools, source=str(pack), said=said)
+    assert set(errors) == {1} and "could not keep the pack for its children: No space left on device" in errors[1], errors
+    assert {n: got.get(n) == payload for n in (0, 2, 3, 4)} == {0: True, 2: True, 3: True, 4: True}
+    assert sorted(said) == [3, 4] and all(lines[0].startswith("takes the pack from node 0 from ") for lines in said.values()), said
 
 
 def test_the_staged_interpreter_and_paths() -> None:

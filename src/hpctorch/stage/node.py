@@ -209,6 +209,7 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
     me, nnodes = plan.node_rank, plan.nnodes
     deadline = time.monotonic() + settings.timeout_s
     outcome: Staged | str
+    part: spread.Part | None = None  # serving nodes below whose parent failed them, until the verdict
     try:
         if me == 0:  # node 0 acts on its own values, never on what the store gives back
             source = environment.source(settings.extra)
@@ -236,14 +237,19 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
         else:
             sent = _given(spread.wait_for(store, prefix + "pack", deadline, "node 0's pack"))
         if sent:
-            _spread(plan, settings, store, prefix, sent, named, copies_dir, have, made if me == 0 else None, deadline)
+            part = _spread(plan, settings, store, prefix, sent, named, copies_dir, have, made if me == 0 else None, deadline)
         outcome = _staged(copies_dir, key, named["python"])
     except (OSError, _Problem, spread.SpreadError, unpack.UnpackError, HpctorchError) as exc:
         outcome = _line(exc)
         if me == 0:  # the others wait for these: let them go on at once, and say why
             for name in ("key", "pack"):
                 store.compare_set(prefix + name, "", json.dumps({"abandoned": outcome}))
-    return _decide(plan, settings, outcome, _verdict(plan, store, prefix, outcome, deadline, listeners))
+    try:
+        verdict = _verdict(plan, store, prefix, outcome, deadline, listeners)
+    finally:
+        if part is not None:
+            part.close()
+    return _decide(plan, settings, outcome, verdict)
 
 
 def _say_packing(key: str, base: str, files: int, size: int, lacking: int) -> None:
@@ -262,7 +268,7 @@ def _given(text: str) -> dict:
 
 
 def _spread(plan: Plan, settings: Settings, store, prefix: str, sent: dict, named: dict, copies_dir: str,  # type: ignore[no-untyped-def]
-            have: bool, made: pack.Pack | None, deadline: float) -> None:
+            have: bool, made: pack.Pack | None, deadline: float) -> spread.Part:
     shown = progress.Progress(settings.timeout_s)
 
     def tick(count: int) -> None:
@@ -272,9 +278,13 @@ def _spread(plan: Plan, settings: Settings, store, prefix: str, sent: dict, name
     def consume(chunks: Iterator[bytes]) -> None:
         unpack.receive(chunks, copies_dir, named["key"], named["roots"], sent["size"], sent["digest"])
 
-    spread.take_part(store, prefix, plan.node_rank, plan.nnodes, plan.local_addr or plan.master_addr or socket.gethostname(), sent["token"],
-                     sent["size"], None if have else consume, made.path if made is not None else None, settings.fanout, deadline,
-                     ACCEPT_S, spool_dir=os.path.dirname(copies_dir), tick=tick)
+    def say(line: str) -> None:
+        print(f"hpctorch: {_host(plan)} {line}", file=sys.stderr, flush=True)
+
+    return spread.take_part(store, prefix, plan.node_rank, plan.nnodes, plan.local_addr or plan.master_addr or socket.gethostname(),
+                            sent["token"], sent["size"], None if have else consume, made.path if made is not None else None, settings.fanout,
+                            deadline, ACCEPT_S, spool_dir=os.path.dirname(copies_dir), tick=tick, say=say,
+                            name_of=lambda rank: f"node {rank} ({plan.nodes[rank]})" if rank < len(plan.nodes) else f"node {rank}")
 
 
 def _verdict(plan: Plan, store, prefix: str, outcome: Staged | str, deadline: float, listeners: int) -> dict:  # type: ignore[no-untyped-def]

@@ -11,299 +11,31 @@ fails still forwards.
 
 Every wait is bounded by the node's deadline (``HPCTORCH_STAGE_TIMEOUT_S``), its own extraction
 included: a parent that sends nothing for ``IDLE_S``, or a child that takes nothing for as long,
-is gone, and a child still short of the pack at the deadline is cut off; a child dropped takes
-its subtree with it, and each of those nodes says so.
+is gone, and a child still short of the pack at the deadline is cut off. So is a child with
+children of its own that cannot keep up: one that leaves bytes its parent has untaken and, at
+the pace it took them over the last seconds, would end past the deadline; its parent marks it cut in the store
+(``cut/<node>``), and it runs from the shared path (``=try``) or stops the job, saying why.
+
+No node's subtree goes down with it: a node whose parent went away, sent nothing, never came,
+or was cut asks its grandparent (then the next ancestor up) for the bytes from the one it had,
+and says so in a line; a node takes in any node of its subtree that asks, once.
 """
 
 from __future__ import annotations
 
 import datetime
-import os
-import select
-import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-FANOUT = 4
-CHUNK = 1 << 20
-IDLE_S = 60.0
-HELLO_S = 5.0
-JOIN_SLACK_S = 5.0
+from .feed import Feed, Upstream
+from .relay import Relay
+from .tree import (CHUNK, FANOUT, IDLE_S, JOIN_SLACK_S, LateError, Spool, SpreadError, ancestors_of, children_of, depth_of,
+                   parent_of)
 
-
-class SpreadError(Exception):
-    """This node could not receive the pack; the message names whom and why."""
-
-
-def parent_of(node: int, fanout: int = FANOUT) -> int:
-    return (node - 1) // fanout
-
-
-def children_of(node: int, nnodes: int, fanout: int = FANOUT) -> list[int]:
-    first = node * fanout + 1
-    return list(range(first, min(nnodes, first + fanout)))
-
-
-def depth_of(nnodes: int, fanout: int = FANOUT) -> int:
-    """Hops from node 0 to the last node."""
-    depth, node = 0, nnodes - 1
-    while node > 0:
-        node, depth = parent_of(node, fanout), depth + 1
-    return depth
-
-
-def _late(got: int, size: int) -> SpreadError:
-    return SpreadError(f"its staging time (HPCTORCH_STAGE_TIMEOUT_S) ran out at {got / 2**20:.1f} of {size / 2**20:.1f} MiB")
-
-
-class Spool:
-    """The pack's bytes on this node, read by each child's sender and by this node's own
-    extraction at their own pace: node 0's pack file, or a file no other process can open
-    (unnamed from the start, so nothing is left behind) that fills as the bytes arrive."""
-
-    def __init__(self, fd: int, size: int, written: int) -> None:
-        self.fd, self.size, self.written = fd, size, written
-        self.problem: str | None = None
-        self.changed = threading.Condition()
-
-    @classmethod
-    def whole(cls, path: str, size: int) -> Spool:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        spool = cls(fd, size, min(size, os.fstat(fd).st_size))
-        if spool.written < size:
-            spool.fail(f"node 0's pack {path} holds {spool.written} of {size} bytes")
-        return spool
-
-    @classmethod
-    def empty(cls, folder: str, size: int) -> Spool:
-        handle = tempfile.TemporaryFile(dir=folder)  # 0600, unlinked: O_TMPFILE where the file system has it
-        fd = os.dup(handle.fileno())
-        handle.close()
-        return cls(fd, size, 0)
-
-    def append(self, data: memoryview) -> None:
-        while data:
-            wrote = os.pwrite(self.fd, data, self.written)
-            data = data[wrote:]
-            with self.changed:
-                self.written += wrote
-                self.changed.notify_all()
-
-    def fail(self, problem: str) -> None:
-        with self.changed:
-            self.problem = problem
-            self.changed.notify_all()
-
-    def available(self, offset: int, deadline: float) -> int:
-        """Bytes past ``offset`` that are here, waiting for some until ``deadline``; 0 at the end."""
-        with self.changed:
-            while self.written <= offset < self.size:
-                if self.problem:
-                    raise SpreadError(self.problem)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise _late(offset, self.size)
-                self.changed.wait(left)
-            return self.written - offset
-
-    def chunks(self, deadline: float) -> Iterator[bytes]:
-        offset = 0
-        while offset < self.size:
-            count = self.available(offset, deadline)
-            if time.monotonic() > deadline:
-                raise _late(offset, self.size)
-            chunk = os.pread(self.fd, min(count, CHUNK), offset)
-            if not chunk:
-                raise SpreadError(f"the pack's {self.written} bytes kept here could not be read back")
-            offset += len(chunk)
-            yield chunk
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-class Relay:
-    """A node's side of the tree towards its children: listen, take each child once, send each
-    the spool from a thread of its own."""
-
-    def __init__(self, node: int, nnodes: int, host: str, token: str, fanout: int = FANOUT, idle_s: float = IDLE_S) -> None:
-        self.children = children_of(node, nnodes, fanout)
-        self.token = token
-        self.idle_s = idle_s
-        self.sockets: dict[int, socket.socket] = {}
-        self.sent: dict[int, int] = {}
-        self.dropped: dict[int, str] = {}
-        self.senders: list[threading.Thread] = []
-        self.listener: socket.socket | None = None
-        self.host = host
-        if self.children:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            self.listener = socket.create_server((host, 0), family=family, backlog=2 * fanout + 8)
-
-    @property
-    def address(self) -> str:
-        assert self.listener is not None
-        return f"{self.host}:{self.listener.getsockname()[1]}"
-
-    def accept(self, deadline: float) -> None:
-        """Take every child that connects with the job's token, until all did or ``deadline``."""
-        while self.listener is not None and len(self.sockets) < len(self.children):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self.listener.settimeout(left)
-            try:
-                conn, _ = self.listener.accept()
-            except (TimeoutError, socket.timeout):
-                break
-            child = self._hello(conn)
-            if child is None:
-                conn.close()
-                continue
-            self.sockets[child] = conn
-        for child in self.children:
-            if child not in self.sockets and child not in self.dropped:
-                self.dropped[child] = "never connected"
-
-    def _hello(self, conn: socket.socket) -> int | None:
-        conn.settimeout(HELLO_S)
-        line = b""
-        try:
-            while not line.endswith(b"\n") and len(line) < 256:
-                part = conn.recv(256 - len(line))
-                if not part:
-                    return None
-                line += part
-        except OSError:
-            return None
-        fields = line.decode(errors="replace").split()
-        if len(fields) != 2 or fields[0] != self.token or not fields[1].isdigit():
-            return None
-        child = int(fields[1])
-        return child if child in self.children and child not in self.sockets else None
-
-    def serve(self, spool: Spool, deadline: float) -> None:
-        """Send every child the spool, each from its own thread, none waiting on another."""
-        for child, conn in self.sockets.items():
-            self.sent[child] = 0
-            sender = threading.Thread(target=self._send, args=(child, conn, spool, deadline), daemon=True,
-                                      name=f"hpctorch-stage-to-{child}")
-            sender.start()
-            self.senders.append(sender)
-
-    def _send(self, child: int, conn: socket.socket, spool: Spool, deadline: float) -> None:
-        conn.setblocking(False)
-        writable = select.poll()
-        writable.register(conn, select.POLLOUT)
-        offset = 0
-        try:
-            while offset < spool.size:
-                count = spool.available(offset, deadline)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise _late(offset, spool.size)
-                if not writable.poll(1000 * min(self.idle_s, left)):
-                    raise _late(offset, spool.size) if left <= self.idle_s else TimeoutError(f"took nothing for {self.idle_s:.0f} s")
-                try:
-                    offset += os.sendfile(conn.fileno(), spool.fd, offset, count)  # the kernel copies: no byte through Python
-                except BlockingIOError:
-                    continue
-                self.sent[child] = offset
-            conn.shutdown(socket.SHUT_WR)
-        except (OSError, SpreadError) as exc:  # gone, too slow, or this node's own upstream failed: its subtree says so itself
-            self.dropped[child] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        finally:
-            conn.close()
-
-    def least_sent(self) -> int:
-        """The bytes the child furthest behind has been sent (what node 0 shows as progress)."""
-        return min(self.sent.values(), default=0)
-
-    def wait(self, deadline: float, tick: Callable[[int], None] | None = None) -> None:
-        """Until every child has the pack or was dropped: by ``deadline``, when the senders stop."""
-        for sender in self.senders:
-            while sender.is_alive() and time.monotonic() < deadline + JOIN_SLACK_S:
-                sender.join(0.5)
-                if tick is not None:
-                    tick(self.least_sent())
-
-    def close(self) -> None:
-        for conn in self.sockets.values():
-            conn.close()  # a sender still running stops at its next send
-        self.sockets.clear()
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
-
-
-class Upstream:
-    """A node's side of the tree towards its parent: connect and name itself at once (the parent
-    takes its children before it sends a byte), then the pack's bytes."""
-
-    def __init__(self, address: str, token: str, node: int, idle_s: float = IDLE_S) -> None:
-        self.address = address
-        self.idle_s = idle_s
-        host, _, port = address.rpartition(":")
-        try:
-            self.conn = socket.create_connection((host, int(port)), timeout=idle_s)
-            self.conn.sendall(f"{token} {node}\n".encode())
-        except (OSError, ValueError) as exc:
-            raise SpreadError(f"cannot reach its parent at {address}: {getattr(exc, 'strerror', None) or exc}") from None
-
-    def _receive(self, into: memoryview | None, got: int, size: int, deadline: float) -> bytes | int:
-        """One receive of at most ``size - got`` bytes (into ``into`` where given), within the
-        idle limit and ``deadline``; nothing received is the parent gone."""
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _late(got, size)
-        try:
-            self.conn.settimeout(min(self.idle_s, left))
-            data = self.conn.recv_into(into) if into is not None else self.conn.recv(min(CHUNK, size - got))
-        except (TimeoutError, socket.timeout):
-            if left <= self.idle_s:
-                raise _late(got, size) from None
-            raise SpreadError(f"its parent at {self.address} sent nothing for {self.idle_s:.0f} s after {got} of {size} bytes") from None
-        except OSError as exc:
-            raise SpreadError(f"its parent at {self.address} went away after {got} of {size} bytes ({exc.strerror or exc})") from None
-        if not data:
-            raise SpreadError(f"its parent at {self.address} went away after {got} of {size} bytes")
-        return data
-
-    def chunks(self, size: int, deadline: float) -> Iterator[bytes]:
-        """The bytes as they come, for a node that keeps none for children."""
-        got = 0
-        try:
-            while got < size:
-                chunk = self._receive(None, got, size, deadline)
-                assert isinstance(chunk, bytes)
-                got += len(chunk)
-                yield chunk
-        finally:
-            self.conn.close()
-
-    def fill(self, spool: Spool, deadline: float) -> None:
-        """Every byte into ``spool`` as it comes (a thread of its own: the node's extraction and
-        its children's senders read the spool at their own pace)."""
-        buffer = memoryview(bytearray(CHUNK))
-        try:
-            while spool.written < spool.size:
-                count = self._receive(buffer[:min(CHUNK, spool.size - spool.written)], spool.written, spool.size, deadline)
-                assert isinstance(count, int)
-                try:
-                    spool.append(buffer[:count])
-                except OSError as exc:
-                    raise SpreadError(f"could not keep the pack for its children: {exc.strerror or exc}") from None
-        except SpreadError as exc:
-            spool.fail(str(exc))
-
-    def stop(self) -> None:
-        """Wake a ``fill`` still waiting (nobody needs its bytes any more)."""
-        try:
-            self.conn.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+__all__ = ["CHUNK", "FANOUT", "IDLE_S", "Feed", "LateError", "Part", "Relay", "Spool", "SpreadError", "Upstream", "ancestors_of",
+           "children_of", "depth_of", "parent_of", "take_part", "wait_for"]
 
 
 def _spooled(source: Iterable[bytes], size: int, folder: str | None, helpers: list[threading.Thread]) -> Spool:
@@ -331,55 +63,114 @@ Consume = Callable[[Iterator[bytes]], None]
 def take_part(store, prefix: str, node: int, nnodes: int, host: str, token: str, size: int, consume: Consume | None,  # type: ignore[no-untyped-def]
               source: str | Iterable[bytes] | None = None, fanout: int = FANOUT, deadline: float | None = None,
               accept_s: float = 30.0, idle_s: float = IDLE_S, spool_dir: str | None = None,
-              tick: Callable[[int], None] | None = None) -> None:
+              tick: Callable[[int], None] | None = None, say: Callable[[str], None] | None = None,
+              name_of: Callable[[int], str] | None = None) -> Part:
     """A node's part in spreading ``size`` bytes: node 0 reads ``source`` (its pack's path, or
-    chunks), every other node its parent (found at ``<prefix>addr/<parent>`` in ``store``); the
+    chunks), every other node its parent (found at ``<prefix>addr/<parent>`` in ``store``), or
+    the nearest ancestor left when that parent fails it (``say`` hears of each such move); the
     children (who connect within ``accept_s``) are sent every byte, and ``consume`` (None: this
     node has its copy) reads them too. Returns once its own copy and every child are done or
-    dropped, by ``deadline``; raises the node's own failure (a SpreadError, or ``consume``'s)
-    only after its children were served. A node with children keeps the bytes in ``spool_dir``."""
+    dropped, by ``deadline``, the part still serving nodes below whose parent failed them until it
+    is closed; raises the node's own failure (a SpreadError, or ``consume``'s) only after its
+    children were served. A node with children keeps the bytes in ``spool_dir``."""
     deadline = time.monotonic() + 3600.0 if deadline is None else deadline
-    relay = Relay(node, nnodes, host, token, fanout, idle_s)
-    spool: Spool | None = None
-    upstream: Upstream | None = None
-    helpers: list[threading.Thread] = []
+    # The store's client is one connection: the senders and the feed share it, and once this
+    # returns the caller has it back (``done``): what still runs then asks it nothing.
+    talking, done = threading.Lock(), threading.Event()
+
+    def address_of(ancestor: int, until: float, alone: bool) -> str:
+        if done.is_set():
+            raise SpreadError("its part in the spread was over")
+        # Alone (no thread of this node's has started yet): one wait the server holds; later, a check at a time.
+        return wait_for(store, f"{prefix}addr/{ancestor}", until, f"node {ancestor}'s address (its parent in the tree)",
+                        None if alone else talking, done)
+
+    def cut_off(child: int, why: str) -> None:
+        try:
+            with talking:
+                if not done.is_set():
+                    store.set(f"{prefix}cut/{child}", why)
+        except RuntimeError:
+            pass  # the child then looks for another parent, which judges it as this one did
+
+    def was_cut() -> str | None:
+        try:
+            with talking:
+                if done.is_set() or not store.check([f"{prefix}cut/{node}"]):
+                    return None
+                return store.get(f"{prefix}cut/{node}").decode()
+        except RuntimeError:
+            return None
+
+    relay = Relay(node, nnodes, host, token, fanout, idle_s, on_cut=cut_off, name_of=name_of)
+    part = Part(relay, deadline)
     try:
         if relay.children:
-            store.set(f"{prefix}addr/{node}", relay.address)
+            with talking:
+                store.set(f"{prefix}addr/{node}", relay.address)
         if source is not None:
-            spool = Spool.whole(source, size) if isinstance(source, str) else _spooled(source, size, spool_dir, helpers)
-            chunks = spool.chunks(deadline)
+            part.spool = Spool.whole(source, size) if isinstance(source, str) else _spooled(source, size, spool_dir, part.helpers)
+            chunks = part.spool.chunks(deadline)
         else:
-            parent = parent_of(node, fanout)
-            address = wait_for(store, f"{prefix}addr/{parent}", deadline, f"node {parent}'s address (its parent in the tree)")
-            upstream = Upstream(address, token, node, idle_s)
+            part.feed = Feed(node, fanout, token, idle_s, address_of, was_cut, say, deadline, max(accept_s, 1.0), name_of)
             if consume is None and not relay.children:
-                return  # taken by the parent at once, then dropped at its first send
+                part.close()
+                return part  # taken by the parent at once, then dropped at its first send
             if relay.children:
-                spool = Spool.empty(spool_dir or tempfile.gettempdir(), size)
-                helpers.append(threading.Thread(target=upstream.fill, args=(spool, deadline), daemon=True, name="hpctorch-stage-from-parent"))
-                helpers[-1].start()
-                chunks = spool.chunks(deadline)
+                part.spool = Spool.empty(spool_dir or tempfile.gettempdir(), size)
+                part.helpers.append(threading.Thread(target=part.feed.fill, args=(part.spool, deadline), daemon=True,
+                                                     name="hpctorch-stage-from-parent"))
+                part.helpers[-1].start()
+                chunks = part.spool.chunks(deadline)
             else:
-                chunks = upstream.chunks(size, deadline)
+                chunks = part.feed.chunks(size, deadline)
         relay.accept(min(deadline, time.monotonic() + accept_s))
-        if spool is not None:
-            relay.serve(spool, deadline)
+        if part.spool is not None:
+            relay.serve(part.spool, deadline)
         try:
             if consume is not None:
                 consume(_ticking(chunks, relay, tick) if tick is not None else chunks)
         finally:  # its own copy failed or not, its children get every byte it gets
             relay.wait(deadline, tick)
-    finally:
-        relay.close()
-        if upstream is not None:
-            upstream.stop()  # wakes a fill still waiting: its children are served or dropped
-        for helper in helpers:
-            helper.join(max(0.0, deadline - time.monotonic()) + JOIN_SLACK_S)
-        if upstream is not None:
-            upstream.conn.close()  # after the fill ended: it never meets a closed socket
-        if spool is not None and not any(thread.is_alive() for thread in [*helpers, *relay.senders]):
-            spool.close()  # else left open: a thread still writing or sending must never meet a reused descriptor
+    except BaseException:
+        part.close()
+        raise
+    with talking:
+        done.set()
+    return part
+
+
+class Part:
+    """What a node's part leaves running once its own copy and its children are done: its relay,
+    taking in any node of its subtree whose parent failed it, until ``close`` (once every node
+    is done: the job's verdict)."""
+
+    def __init__(self, relay: Relay, deadline: float) -> None:
+        self.relay, self.deadline = relay, deadline
+        self.feed: Feed | None = None
+        self.spool: Spool | None = None
+        self.helpers: list[threading.Thread] = []
+        self.closed = False
+
+    def __enter__(self) -> Part:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.relay.close()
+        if self.feed is not None:
+            self.feed.stop()  # wakes a fill still waiting: its children are served or dropped
+        for helper in self.helpers:
+            helper.join(max(0.0, self.deadline - time.monotonic()) + JOIN_SLACK_S)
+        if self.feed is not None:
+            self.feed.close()  # after the fill ended: it never meets a closed socket
+        if self.spool is not None and not any(thread.is_alive() for thread in [*self.helpers, *self.relay.senders]):
+            self.spool.close()  # else left open: a thread still writing or sending must never meet a reused descriptor
 
 
 def _ticking(chunks: Iterator[bytes], relay: Relay, tick: Callable[[int], None]) -> Iterator[bytes]:
@@ -388,11 +179,26 @@ def _ticking(chunks: Iterator[bytes], relay: Relay, tick: Callable[[int], None])
         yield chunk
 
 
-def wait_for(store, key: str, deadline: float, what: str) -> str:  # type: ignore[no-untyped-def]
-    """``key``'s value once it is set, within ``deadline``; else SpreadError naming ``what``."""
+def wait_for(store, key: str, deadline: float, what: str, talking: threading.Lock | None = None,  # type: ignore[no-untyped-def]
+             done: threading.Event | None = None) -> str:
+    """``key``'s value once it is set, within ``deadline``; else SpreadError naming ``what``.
+    With ``talking`` (the lock of a client other threads use too), held only a moment at a time,
+    and the client left alone once ``done`` is set."""
     left = max(1.0, deadline - time.monotonic())
     try:
-        store.wait([key], datetime.timedelta(seconds=left))
-        return store.get(key).decode()
+        if talking is None:
+            store.wait([key], datetime.timedelta(seconds=left))
+            return store.get(key).decode()
+        pause = 0.05
+        while True:
+            with talking:
+                if done is not None and done.is_set():
+                    raise RuntimeError(key)
+                if store.check([key]):
+                    return store.get(key).decode()
+            if time.monotonic() >= deadline:
+                raise RuntimeError(key)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 1.0)
     except RuntimeError:  # torch's store timeout and lost connection (DistStoreError, DistNetworkError)
         raise SpreadError(f"waited {left:.0f} s for {what}") from None
