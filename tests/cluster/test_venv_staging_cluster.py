@@ -8,7 +8,8 @@ paths that it makes without staging; then node2, the chain's middle, made slow a
 copy, stops at the deadline and runs from the shared path. The others stage a small venv built
 for the test (tests/smallenv.py: what they prove does not need gigabytes): a second job on the same
 nodes reuses every copy; a node without room stops the job before any worker starts, or runs from
-the shared path with =try; per task, each node's first rank stages."""
+the shared path with =try; a node below a node without room takes the pack from the node above;
+per task, each node's first rank stages."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -177,12 +179,12 @@ def test_a_second_job_on_the_same_nodes_reuses_every_copy(cluster: Cluster, job_
     assert len(seen) == 6 and all(r["prefix"].startswith(str(copies(stage_root, r["host"]))) for r in seen), output[-3000:]
 
 
-@pytest.fixture
-def full_node3(stage_root: Path) -> Iterator[None]:
-    """node3's staging folder is a 1 MiB file system of its own (a full node-local disk)."""
-    folder = stage_root / f"hpctorch-stage-{os.getuid()}" / "node3"
+@contextmanager
+def full(stage_root: Path, host: str) -> Iterator[None]:
+    """``host``'s staging folder is a 1 MiB file system of its own (a full node-local disk)."""
+    folder = stage_root / f"hpctorch-stage-{os.getuid()}" / host
     folder.parent.mkdir(mode=0o700, exist_ok=True)
-    aside = folder.with_name("node3.aside")
+    aside = folder.with_name(f"{host}.aside")
     if folder.exists():
         folder.rename(aside)
     folder.mkdir(mode=0o700)
@@ -194,6 +196,12 @@ def full_node3(stage_root: Path) -> Iterator[None]:
         folder.rmdir()
         if aside.exists():
             aside.rename(folder)
+
+
+@pytest.fixture
+def full_node3(stage_root: Path) -> Iterator[None]:
+    with full(stage_root, "node3"):
+        yield
 
 
 def test_a_node_without_room_stops_the_job_before_its_workers_or_runs_from_the_shared_path(
@@ -211,6 +219,26 @@ def test_a_node_without_room_stops_the_job_before_its_workers_or_runs_from_the_s
     assert len(seen) == 6
     for r in seen:
         assert r["prefix"].startswith(str(small_python.parent.parent) if r["host"] == "node3" else str(copies(stage_root, r["host"]))), r
+
+
+def test_the_child_of_a_node_without_room_takes_the_pack_from_node_0(cluster: Cluster, job_dir: Path, stage_root: Path,
+                                                                     small_python: Path) -> None:
+    """node2, the chain's middle, has room neither for its copy nor for the bytes it would keep for
+    node3, which has no copy either: node3 asks node2's parent, node 0, for the pack and runs from
+    its own copy; node2, with =try, from the shared path. Before, node2's failure took node3 with it."""
+    mark = copy_of(stage_root, "node3", small_python)
+    if mark is not None:
+        shutil.rmtree(mark.parent)
+    with full(stage_root, "node2"):
+        state, output = job(cluster, job_dir, "--stage-env=try", "--stage-dir", str(stage_root), python=small_python)
+    assert state == "COMPLETED", output[-3000:]
+    assert re.search(r"hpctorch: node3 takes the pack from node 0 \(node1\) from [\d.]+ MiB on \(", output), output[-3000:]
+    assert "node2 could not stage the environment (" in output and "node3 could not stage" not in output, output[-3000:]
+    assert copy_of(stage_root, "node3", small_python) is not None
+    seen = ranks(output)
+    assert sorted(int(r["rank"]) for r in seen) == list(range(6)) and {r["sum"] for r in seen} == {"6"}, output[-3000:]
+    for r in seen:
+        assert r["prefix"].startswith(str(small_python.parent.parent) if r["host"] == "node2" else str(copies(stage_root, r["host"]))), r
 
 
 def test_per_task_each_nodes_first_rank_stages_and_its_other_ranks_use_the_copy(cluster: Cluster, job_dir: Path, stage_root: Path,
