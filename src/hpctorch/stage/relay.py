@@ -31,7 +31,6 @@ class Relay:
         self.offsets: dict[int, int] = {}
         self.sent: dict[int, int] = {}
         self.dropped: dict[int, str] = {}
-        self.adopted: list[int] = []
         self.senders: list[threading.Thread] = []
         self.listener: socket.socket | None = None
         self.host = host
@@ -75,8 +74,6 @@ class Relay:
                 return
             node, offset = hello
             self.sockets[node], self.offsets[node] = conn, offset
-            if node not in self.children:
-                self.adopted.append(node)
             if self._serving is not None:
                 self._start(node, *self._serving)
 
