@@ -441,6 +441,27 @@ def test_a_node_too_slow_for_its_deadline_is_cut_off_and_its_child_takes_the_pac
     assert max(ended[n] for n in (2, 3)) < 30.0 + 30.0, ended  # within the deadline (the slack is for a loaded machine)
 
 
+def test_a_middle_node_that_stalls_a_moment_after_keeping_up_is_not_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 1 (0 -> 1 -> 2) takes 24 MiB at once, then nothing for 7 s (a disk's writeback, a
+    pause), then the rest: its last seconds' pace alone would have it end past the deadline, its
+    whole transfer's does not; it is not cut, and every node has every byte."""
+    receive = spread.Upstream.receive
+    stalled = threading.Event()
+
+    def stalling(self, into, got, size, deadline):  # type: ignore[no-untyped-def]
+        if self.node == 1 and got >= 24 * spread.CHUNK and not stalled.is_set():
+            stalled.set()
+            time.sleep(7.0)
+        return receive(self, into, got, size, deadline)
+
+    monkeypatch.setattr(spread.Upstream, "receive", stalling)
+    payload = os.urandom(64 * spread.CHUNK)
+    got: dict[int, bytes] = {}
+    errors, _ = _tree(3, 1, payload, lambda me: _keeping(got, me), tmp_path, deadline_s=30.0)
+    assert stalled.is_set() and errors == {}, errors
+    assert got == {0: payload, 1: payload, 2: payload}
+
+
 def test_a_slow_leaf_is_never_cut_for_its_pace_only_stopped_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A leaf takes the bytes at its extraction's pace, which a moment does not foretell (on the
     cluster a leaf cut for its first seconds' pace would have finished), and no node waits on it:

@@ -135,7 +135,7 @@ class Relay:
         writable = select.poll()
         writable.register(conn, select.POLLOUT)
         started = moved = time.monotonic()
-        paces = [(started, offset)]  # (when, bytes sent): the last OBSERVE_S of them judge the child's pace
+        paces = [(started, offset), (started, offset)]  # (when, bytes sent): the first, then the last OBSERVE_S's
         try:
             while offset < spool.size:
                 count = spool.available(offset, deadline)
@@ -168,20 +168,21 @@ class Relay:
             conn.close()
 
     def _judge(self, child: int, offset: int, spool: Spool, deadline: float, paces: list[tuple[float, int]]) -> None:
-        """Cut a child with children of its own that leaves bytes untaken and, at its pace of the
-        last OBSERVE_S, would end past the deadline. Such a child takes the bytes into its spool as
-        they come, so its pace is its link's and CPU's; a leaf's is its extraction's, which a
-        moment does not foretell (small files slowly, large ones at the disk's speed), and cutting
-        it would spare nobody."""
+        """Cut a child with children of its own that leaves bytes untaken and would end past the
+        deadline at its pace, the better of the last OBSERVE_S's and the whole transfer's (a
+        moment's stall, a disk's writeback, does not cut a child that kept up before). Such a child
+        takes the bytes into its spool as they come, so its pace is its link's and CPU's; a leaf's
+        is its extraction's, which a moment does not foretell (small files slowly, large ones at
+        the disk's speed), and cutting it would spare nobody."""
         if not children_of(child, self.nnodes, self.fanout):
             return
         now = time.monotonic()
-        while len(paces) > 2 and paces[1][0] < now - OBSERVE_S:
-            del paces[0]
-        since, then = paces[0]
-        if now - since < OBSERVE_S or spool.written - offset < LAG_BYTES:
+        while len(paces) > 3 and paces[2][0] < now - OBSERVE_S:
+            del paces[1]  # paces[0] stays: the transfer's start
+        (began, first), (since, then) = paces[0], paces[1]
+        if now - began < OBSERVE_S or spool.written - offset < LAG_BYTES:
             return  # too soon to judge, or this node is the slow one (the child takes all it has)
-        pace = (offset - then) / (now - since)
+        pace = max((offset - first) / (now - began), (offset - then) / max(now - since, 1e-3))
         if now + (spool.size - offset) / max(pace, 1.0) > deadline:
             raise _Cut(f"cut off by {self.name_of(self.node)}: it took {pace / 2**20:.1f} MiB/s, {offset / 2**20:.0f} of "
                        f"{spool.size / 2**20:.0f} MiB, and would not finish within its staging time (HPCTORCH_STAGE_TIMEOUT_S)")

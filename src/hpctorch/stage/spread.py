@@ -13,9 +13,9 @@ Every wait is bounded by the node's deadline (``HPCTORCH_STAGE_TIMEOUT_S``), its
 included: a parent that sends nothing for ``IDLE_S``, or a child that takes nothing for as long,
 is gone, and a child still short of the pack at the deadline is cut off. So is a child with
 children of its own that cannot keep up: one that leaves bytes its parent has untaken and, at
-the pace it took them over the last seconds, would end past the deadline; its parent marks it
-cut in the store (``cut/<node>``), and it runs from the shared path (``=try``) or stops the job,
-saying why.
+the better of its pace over the last seconds and over the whole transfer, would end past the
+deadline; its parent marks it cut in the store (``cut/<node>``), and it runs from the shared
+path (``=try``) or stops the job, saying why.
 
 No node's subtree goes down with it: a node whose parent went away, sent nothing, never came,
 or was cut asks its grandparent (then the next ancestor up) for the bytes from the one it had,
