@@ -4,7 +4,7 @@ A venv of the operating system's Python (its base lies under /usr, already on ev
 disk, so ``--stage-env`` copies the venv alone), holding a package of its own with a few MiB of
 data (several of the tree's chunks), that reaches torch and hpctorch in the test run's own
 environment through a .pth file (a path outside the staged folders, left as it is). Packing it
-takes a moment where the test run's own environment (1.5 GB, 31,000 files) takes a minute; one
+takes a moment where the test run's own environment (1.4 GiB, 40,000 files) takes a minute; one
 cluster test still stages that real environment (tests/cluster/test_venv_staging_cluster.py).
 """
 
