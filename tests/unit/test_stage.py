@@ -269,9 +269,10 @@ def _chunked(payload: bytes, size: int = spread.CHUNK) -> list[bytes]:
 
 
 def _tree(nnodes: int, fanout: int, payload: bytes, consume_of, spool_dir: Path, deadline_s: float = 60.0,  # type: ignore[no-untyped-def]
-          source=None, idle_s: float = spread.IDLE_S, said: dict[int, list[str]] | None = None) -> tuple[dict[int, str], dict[int, float]]:
-    """Every node of a tree as a thread; each node's error (if any) and when it returned (and in
-    ``said``, the lines each node said)."""
+          source=None, idle_s: float = spread.IDLE_S, said: dict[int, list[str]] | None = None,
+          wrap=lambda store: store) -> tuple[dict[int, str], dict[int, float]]:
+    """Every node of a tree as a thread, each through ``wrap`` of its store client; each node's
+    error (if any) and when it returned (and in ``said``, the lines each node said)."""
     server = _store(True)
     errors: dict[int, str] = {}
     ended: dict[int, float] = {}
@@ -279,7 +280,7 @@ def _tree(nnodes: int, fanout: int, payload: bytes, consume_of, spool_dir: Path,
     deadline = time.monotonic() + deadline_s
 
     def node(me: int) -> None:
-        store = server if me == 0 else _store(False, server.port)
+        store = wrap(server if me == 0 else _store(False, server.port))
         given = (source if source is not None else _chunked(payload)) if me == 0 else None
         try:
             parts.append(spread.take_part(store, "t/", me, nnodes, "127.0.0.1", "tok", len(payload), consume_of(me), given, fanout, deadline,
@@ -460,6 +461,42 @@ def test_a_middle_node_that_stalls_a_moment_after_keeping_up_is_not_cut(tmp_path
     errors, _ = _tree(3, 1, payload, lambda me: _keeping(got, me), tmp_path, deadline_s=30.0)
     assert stalled.is_set() and errors == {}, errors
     assert got == {0: payload, 1: payload, 2: payload}
+
+
+def test_a_cut_record_another_user_planted_is_no_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's store seals its records (authority.SealedStore). A stranger plants node 2's
+    ``cut`` record unsealed; when node 1, node 2's parent, cannot keep the bytes (its disk fills),
+    node 2 reads no cut from it and takes the pack from node 0."""
+    from hpctorch.guard import authority
+
+    seal = authority.Seal(b"the job's secret", "run", "test")
+    planted = False
+
+    def sealed(store):  # type: ignore[no-untyped-def]
+        nonlocal planted
+        if not planted:
+            store.set("t/cut/2", "cut off by a stranger")  # unsealed, straight into the store
+            planted = True
+        return authority.SealedStore(store, seal)
+
+    pack = tmp_path / "pack"
+    payload = os.urandom(6 * spread.CHUNK)
+    pack.write_bytes(payload)
+    spools = tmp_path / "spools"
+    spools.mkdir()
+    append = spread.Spool.append
+
+    def filling(self, data):  # type: ignore[no-untyped-def]
+        if self.written >= spread.CHUNK:
+            raise OSError(28, "No space left on device")
+        return append(self, data)
+
+    monkeypatch.setattr(spread.Spool, "append", filling)
+    got: dict[int, bytes] = {}
+    said: dict[int, list[str]] = {}
+    errors, _ = _tree(3, 1, payload, lambda me: _keeping(got, me), spools, source=str(pack), said=said, wrap=sealed)
+    assert planted and set(errors) == {1}, errors
+    assert got.get(2) == payload and said[2][0].startswith("takes the pack from node 0 from "), (errors, said)
 
 
 def test_a_slow_leaf_is_never_cut_for_its_pace_only_stopped_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

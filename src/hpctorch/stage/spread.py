@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from ..errors import HpctorchError
 from .feed import Feed, Upstream
 from .relay import Relay
 from .tree import (CHUNK, FANOUT, IDLE_S, JOIN_SLACK_S, LateError, Spool, SpreadError, ancestors_of, children_of, depth_of,
@@ -83,8 +84,13 @@ def take_part(store, prefix: str, node: int, nnodes: int, host: str, token: str,
         if done.is_set():
             raise SpreadError("its part in the spread was over")
         # Alone (no thread of this node's has started yet): one wait the server holds; later, a check at a time.
-        return wait_for(store, f"{prefix}addr/{ancestor}", until, f"node {ancestor}'s address (its parent in the tree)",
-                        None if alone else talking, done)
+        try:
+            return wait_for(store, f"{prefix}addr/{ancestor}", until, f"node {ancestor}'s address (its parent in the tree)",
+                            None if alone else talking, done)
+        except HpctorchError as exc:  # a record this job did not seal: its parent's stops the node as before, an ancestor's is passed over
+            if alone:
+                raise
+            raise SpreadError(exc.line()) from None
 
     def cut_off(child: int, why: str) -> None:
         try:
@@ -100,7 +106,7 @@ def take_part(store, prefix: str, node: int, nnodes: int, host: str, token: str,
                 if done.is_set() or not store.check([f"{prefix}cut/{node}"]):
                     return None
                 return store.get(f"{prefix}cut/{node}").decode()
-        except RuntimeError:
+        except (RuntimeError, HpctorchError):  # a cut this job did not seal is no cut: the node asks the next node up
             return None
 
     relay = Relay(node, nnodes, host, token, fanout, idle_s, on_cut=cut_off, name_of=name_of)
