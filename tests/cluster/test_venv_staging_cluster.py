@@ -138,7 +138,8 @@ def test_a_slow_middle_node_stops_at_the_deadline_and_runs_from_the_shared_path(
     """node2, the chain's middle, has no copy of the environment (1.5 GB, packed by the test before:
     node 0 keeps its pack) and 10% of one CPU; node3 below it has its copy. With
     HPCTORCH_STAGE_TIMEOUT_S=60 and =try, node2 stops unpacking (node1 cuts it off once its pace
-    shows it cannot finish in time, or its deadline stops it) and says so, and the job trains: node2 from the shared path, the others from their copies. Before, nothing
+    shows it cannot finish in time, or its deadline stops it) and says so, and the job trains:
+    node2 from the shared path, the others from their copies. Before, nothing
     bounded a node's unpacking (only 60 s without a byte): node2 unpacked for minutes at 10%."""
     shutil.rmtree(copies(stage_root, "node2"))
     out, said = job_dir / "out.txt", "node2 could not stage the environment"
@@ -156,7 +157,7 @@ def test_a_slow_middle_node_stops_at_the_deadline_and_runs_from_the_shared_path(
     assert state == "COMPLETED", output[-3000:]
     # Cut off by node1 once its pace showed it would end past the deadline, or, had its pace been
     # enough at first, stopped at the deadline itself.
-    assert re.search(r"node2 could not stage the environment \((cut off by node 0: it took [\d.]+ MiB/s, [\d.]+ of [\d.]+ MiB, and would "
+    assert re.search(r"node2 could not stage the environment \((cut off by node 0 \(node1\): it took [\d.]+ MiB/s, [\d.]+ of [\d.]+ MiB, and would "
                      r"not finish within its staging time \(HPCTORCH_STAGE_TIMEOUT_S\)|its staging time \(HPCTORCH_STAGE_TIMEOUT_S\) "
                      r"ran out at [\d.]+ of [\d.]+ MiB)\); it runs from the shared path", output), output[-3000:]
     # The deadline kept: 60 s from node2's start, which its job's start and its own start at 10% precede.

@@ -44,18 +44,6 @@ class Upstream:
             raise SpreadError(f"its parent at {self.address} went away after {got} of {size} bytes")
         return data
 
-    def chunks(self, size: int, deadline: float) -> Iterator[bytes]:
-        """The bytes as they come (one parent, no other asked)."""
-        got = 0
-        try:
-            while got < size:
-                chunk = self.receive(None, got, size, deadline)
-                assert isinstance(chunk, bytes)
-                got += len(chunk)
-                yield chunk
-        finally:
-            self.conn.close()
-
     def stop(self) -> None:
         try:
             self.conn.shutdown(socket.SHUT_RDWR)

@@ -56,7 +56,7 @@ class Relay:
         with self._lock:
             for child in self.children:
                 if child not in self.sockets and child not in self.dropped:
-                    self._drop(child, "never connected")
+                    self.dropped[child] = "never connected"
 
     def _take_one(self, wait_s: float) -> None:
         listener = self.listener  # close() may take it away meanwhile
@@ -104,9 +104,6 @@ class Relay:
         while below > self.node:
             below = parent_of(below, self.fanout)
         return below == self.node
-
-    def _drop(self, child: int, why: str) -> None:
-        self.dropped[child] = why
 
     def serve(self, spool: Spool, deadline: float) -> None:
         """Send every child the spool, each from its own thread, none waiting on another; take
@@ -158,12 +155,12 @@ class Relay:
             conn.shutdown(socket.SHUT_WR)
         except _Cut as exc:
             with self._lock:
-                self._drop(child, str(exc))
+                self.dropped[child] = str(exc)
             if self.on_cut is not None:
                 self.on_cut(child, str(exc))  # before its socket closes: it must not look for another parent
         except (OSError, SpreadError) as exc:  # gone, too slow, or this node's own upstream failed: its subtree says so itself
             with self._lock:
-                self._drop(child, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+                self.dropped[child] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         finally:
             conn.close()
 

@@ -48,10 +48,7 @@ def children_of(node: int, nnodes: int, fanout: int = FANOUT) -> list[int]:
 
 def depth_of(nnodes: int, fanout: int = FANOUT) -> int:
     """Hops from node 0 to the last node."""
-    depth, node = 0, nnodes - 1
-    while node > 0:
-        node, depth = parent_of(node, fanout), depth + 1
-    return depth
+    return len(ancestors_of(nnodes - 1, fanout))
 
 
 def late(got: int, size: int) -> LateError:
@@ -122,5 +119,3 @@ class Spool:
 
     def close(self) -> None:
         os.close(self.fd)
-
-
