@@ -53,8 +53,9 @@ def require(condition: bool, reason: str) -> None:
 
 
 def standbys_of(mark: str) -> list[int]:
-    """Live processes started as standbys (hpctorch.start.standby: their command line says so) by
-    the job whose environment holds JOB_MARK=``mark``: every node of a test shares this machine's /proc."""
+    """Live processes started as standbys (hpctorch.start.standby: their command line says so; the
+    zygote they are forked from, named hpctorch-zygote, is not one) by the job whose environment
+    holds JOB_MARK=``mark``: every node of a test shares this machine's /proc."""
     import os
 
     found, wanted = [], ("JOB_MARK=" + mark).encode()
@@ -62,6 +63,9 @@ def standbys_of(mark: str) -> list[int]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as source:
                 if b"--standby" not in source.read().split(bytes(1)):
+                    continue
+            with open(f"/proc/{pid}/comm", "rb") as source:
+                if source.read().strip() == b"hpctorch-zygote":
                     continue
             with open(f"/proc/{pid}/environ", "rb") as source:
                 if wanted in source.read().split(bytes(1)):

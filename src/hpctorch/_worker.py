@@ -99,10 +99,11 @@ def _run_python(argv: list[str]) -> None:
 def main() -> None:
     _apply_lists()
     if sys.argv[1:] == ["--standby"]:  # a warm standby (hpctorch.start.standby): imports ahead, then becomes a worker
-        from hpctorch.start.standby import wait_for_go
+        from hpctorch.start.standby import after_go, wait_for_go
 
         wait_for_go()
         _apply_lists()  # what it derives (HPCTORCH_CPUS...) into the worker's own environment
+        after_go()
     argv = sys.argv[1:]
     if argv[:1] == ["--exec"]:
         os.execvp(argv[1], argv[1:])

@@ -31,8 +31,11 @@ with open("/proc/self/stat") as source:
     started = float(source.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
 with open("/proc/uptime") as source:
     now = float(source.read().split()[0])
+with open(f"/proc/{os.getppid()}/comm") as source:
+    parent = source.read().strip()
 print(f"attempt={attempt} rank={dist.get_rank()} world={dist.get_world_size()} sum={total.item():.0f} standby={standby} "
-      f"started={started:.2f} now={now:.2f} job={os.environ.get('JOB_MARK')}", flush=True)
+      f"started={started:.2f} now={now:.2f} job={os.environ.get('JOB_MARK')} parent={parent} ppid={os.getppid()} "
+      f"threads={torch.get_num_threads()}", flush=True)
 if attempt == "0":
     if dist.get_rank() == 1:
         if os.environ.get("HPCTORCH_STANDBY") != "0":
@@ -62,6 +65,10 @@ def test_the_restart_runs_in_the_standbys_with_the_new_attempt_s_ranks(tmp_path:
     assert sorted(r["rank"] for r in again) == ["0", "1"] and {(r["world"], r["sum"]) for r in again} == {("2", "2")}, done.stdout
     assert {r["standby"] for r in first} == {"False"}
     assert {r["standby"] for r in again} == {"True"}, done.stdout  # the standby's own command line, its process
+    # Forked, both, from one process of the node that imported torch once; with the thread count
+    # the worker entry gave each local rank, as a new process would have it.
+    assert {r["parent"] for r in again} == {"hpctorch-zygote"} and len({r["ppid"] for r in again}) == 1, again
+    assert {r["threads"] for r in again} == {r["threads"] for r in first}, (first, again)
     died = float(re.search(r"dies at (\S+)", done.stdout).group(1))  # type: ignore[union-attr]
     assert all(float(r["started"]) < died for r in again), (died, again)  # started before the failure: ahead
     assert "hpctorch: 2 of 2 worker(s) of this attempt run in their warm standby" in done.stderr
@@ -79,3 +86,15 @@ def test_with_standbys_off_the_restart_starts_new_processes(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     assert {r["standby"] for r in _lines(done.stdout)} == {"False"}
     assert "warm standby" not in done.stderr
+
+
+def test_standbys_started_as_their_own_processes_when_asked(tmp_path: Path) -> None:
+    """HPCTORCH_STANDBY=spawn: no zygote; each standby an interpreter of its own, as the agent's child."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    done = hpctorch("run", "--max-restarts", "1", "--nproc-per-node", "2", str(script),
+                    env=clean_env(HPCTORCH_STANDBY="spawn", JOB_MARK=uuid.uuid4().hex), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = [r for r in _lines(done.stdout) if r["attempt"] == "1"]
+    assert {r["standby"] for r in again} == {"True"} and "hpctorch-zygote" not in {r["parent"] for r in again}, again
+    assert len({r["ppid"] for r in again}) == 1  # the node's agent

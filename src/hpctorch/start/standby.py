@@ -15,8 +15,14 @@ attempt's command line and environment, instead of a new process.
   whose environment differs in what is read as Python or torch start (``IMPORT_TIME``), is
   stopped and a new process is started as before.
 - A standby never needed reads end-of-file when the agent goes, and exits.
+- Forked, not started: the node's first standby starts a zygote (``start.zygote``) that imports
+  ahead once; every standby after it, of any local rank and any attempt, is forked from it. A
+  local rank whose environment differs in what is read as Python or torch start (bar its
+  devices and LOCAL_RANK, read later) gets a zygote of its own; where none can serve, a
+  standby is started as its own process as before.
 
-``HPCTORCH_STANDBY=0`` turns it off.
+``HPCTORCH_STANDBY=0`` turns it off; ``HPCTORCH_STANDBY=spawn`` starts each standby as its own
+process (no zygote).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ..guard.straggler_worker import modules_file
+from . import zygote as zygotes
 
 ENV = "HPCTORCH_STANDBY"
 MODULES_ENV = "HPCTORCH_STANDBY_MODULES"
@@ -44,6 +51,9 @@ RANK_VARS = ("RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK"
              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 """The attempt's own: a standby waits without them (a package that reads them as it is imported
 fails there, and is imported again after the go)."""
+PER_RANK = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "LOCAL_RANK")
+"""Of ``IMPORT_TIME``, what a standby forked from a zygote may hold apart from it: read when the
+device is first used and by the worker entry (its CPUs, its thread count), after the fork."""
 POLL_S = 0.5
 PIPE_BYTES = 60_000
 """The go must fit the pipe's buffer (64 KiB on Linux): written at once, whether or not the standby reads yet."""
@@ -104,8 +114,10 @@ class Standbys:
     """This node's standbys, by local rank; the command line and environment each local rank's
     worker was last started with (what its next standby is started as)."""
 
-    def __init__(self, directory: str | None) -> None:
+    def __init__(self, directory: str | None, fork: bool = True) -> None:
         self.directory = directory
+        self.fork = fork
+        self.zygotes: dict[tuple[object, ...], zygotes.Zygote] = {}
         self.waiting: dict[int, Standby] = {}
         self.started_as: dict[int, tuple[tuple[str, ...], dict[str, str]]] = {}
         self.used: list[int] = []
@@ -151,7 +163,8 @@ class Standbys:
             with self._lock:
                 if generation != self._generation or local_rank in self.waiting:
                     continue
-            standby = _spawn(argv, env, modules_file(self.directory, local_rank) if self.directory else None)
+            modules = modules_file(self.directory, local_rank) if self.directory else None
+            standby = (self._forked(argv, env, modules) if self.fork else None) or _spawn(argv, env, modules)
             if standby is None:
                 continue
             with self._lock:
@@ -160,27 +173,52 @@ class Standbys:
                     continue
             standby.stop()
 
+    def _forked(self, argv: Sequence[str], env: Mapping[str, str], modules: str | None) -> Standby | None:
+        """A standby forked from the zygote for this interpreter and start-time environment (the
+        first such standby starts it); None where no zygote can serve."""
+        entry = _entry_index(argv)
+        if entry is None:
+            return None
+        key = (tuple(argv[:entry + 1]), *(env.get(name) for name in IMPORT_TIME if name not in PER_RANK))
+        with self._lock:
+            zygote = self.zygotes.get(key)
+            if zygote is None:
+                try:
+                    zygote = self.zygotes[key] = zygotes.Zygote([*argv[:entry + 1], FLAG], _started(env, modules))
+                except OSError:
+                    return None
+        popen = zygote.fork(_started(env, modules))
+        return Standby(popen, argv, env) if popen is not None else None  # type: ignore[arg-type]
+
     def stop(self) -> None:
-        """The job ends: every standby waiting goes, and none is made after."""
+        """The job ends: every standby waiting goes, and none is made after; so do the zygotes."""
         with self._lock:
             self._generation += 1
             waiting, self.waiting = self.waiting, {}
+            made, self.zygotes = self.zygotes, {}
         for standby in waiting.values():
             standby.stop()
+        for zygote in made.values():
+            zygote.close()
 
 
 def _spawn(argv: Sequence[str], env: Mapping[str, str], modules: str | None) -> Standby | None:
     entry = _entry_index(argv)
     if entry is None:
         return None  # not hpctorch's worker entry (a --no-python command): nothing to start ahead
-    started = {k: v for k, v in env.items() if k not in RANK_VARS}
-    if modules:
-        started[MODULES_ENV] = modules
     try:
-        popen = subprocess.Popen([*argv[:entry + 1], FLAG], env=started, stdin=subprocess.PIPE, start_new_session=True)
+        popen = subprocess.Popen([*argv[:entry + 1], FLAG], env=_started(env, modules), stdin=subprocess.PIPE, start_new_session=True)
     except OSError:
         return None
     return Standby(popen, argv, env)
+
+
+def _started(env: Mapping[str, str], modules: str | None) -> dict[str, str]:
+    """A standby's environment: the worker's, without the attempt's own."""
+    started = {k: v for k, v in env.items() if k not in RANK_VARS}
+    if modules:
+        started[MODULES_ENV] = modules
+    return started
 
 
 _node: Standbys | None = None
@@ -200,7 +238,7 @@ def install(directory: str | None) -> Standbys:
     from torch.distributed.elastic.multiprocessing.api import PContext
     from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
 
-    node = _node = Standbys(directory)
+    node = _node = Standbys(directory, fork=os.environ.get(ENV) != "spawn")
     popen = SubprocessHandler._popen
     if not getattr(popen, "_hpctorch_standby", False):
         @functools.wraps(popen)
@@ -253,7 +291,9 @@ def _name(handler: object, attribute: str) -> str | None:
 
 def wait_for_go() -> None:
     """In the standby (``_worker.py --standby``): import ahead, silently, then wait for the go and
-    become the worker it names (environment, folder, output, arguments); end-of-file: exit."""
+    become the worker it names (environment, folder, output, arguments); end-of-file: exit. In a
+    zygote (``start.zygote``): import torch, then fork standbys; this returns in each of them."""
+    global _forked
     kept = (os.dup(1), os.dup(2))
     quiet = os.open(os.devnull, os.O_WRONLY)
     os.dup2(quiet, 1)
@@ -261,7 +301,16 @@ def wait_for_go() -> None:
     # Not from the worker entry's own folder (hpctorch/: its progress.py, errors.py...), which
     # python put first: a package of the same name must be the installed one.
     entry_folder = sys.path.pop(0)
+    if os.environ.get(zygotes.ENV):
+        # torch alone before the forks: the worker's own packages may start threads or a CUDA
+        # driver at import, which a forked child would lack or could not use.
+        _import_ahead(None)
+        zygotes.serve()
+        _forked = True
+        if "numpy.random" in sys.modules:  # its global state, seeded once in the zygote, is each rank's own again
+            sys.modules["numpy.random"].seed()
     _import_ahead(os.environ.get(MODULES_ENV))
+    _cuda_context()
     sys.path.insert(0, entry_folder)  # replaced by the script's folder as the worker runs it
     line = sys.stdin.buffer.readline()
     if not line:
@@ -275,6 +324,18 @@ def wait_for_go() -> None:
         os.dup2(target, fd)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     sys.argv = [sys.argv[0], *go["argv"]]
+
+
+_forked = False
+
+
+def after_go() -> None:
+    """In a standby forked from a zygote, once the worker entry set this local rank's thread count:
+    torch's was read as the zygote imported it."""
+    count = os.environ.get("OMP_NUM_THREADS", "")
+    torch = sys.modules.get("torch")
+    if _forked and torch is not None and count.isdigit() and int(count) > 0 and torch.get_num_threads() != int(count):
+        torch.set_num_threads(int(count))
 
 
 def _import_ahead(listed: str | None) -> None:
@@ -294,7 +355,6 @@ def _import_ahead(listed: str | None) -> None:
             importlib.import_module(name)
         except BaseException:  # noqa: BLE001 - imported again, or not, by the worker itself after the go
             pass
-    _cuda_context()
 
 
 def _cuda_context() -> None:
