@@ -49,13 +49,27 @@ def _apply_lists() -> None:
         os.environ["OMP_NUM_THREADS"] = threads[rank]
 
 
-def _register_stack_dump() -> None:
+def _register_stack_dump(warm: bool) -> None:
     directory = os.environ.get("HPCTORCH_STACKS_DIR")
     if not directory:
         return
-    from hpctorch.host.folders import create_private_file, stack_file
+    import atexit
+
+    from hpctorch.host.folders import RANK_KEYS, create_private_file, rank_file, stack_file
     from hpctorch.host.signals import STACK_SIGNAL
 
+    if warm:  # where the stacks' readers find its rank: its /proc environ predates its attempt
+        import json
+
+        told = rank_file(directory, os.getpid())
+        try:
+            if os.path.lexists(told):
+                os.remove(told)
+            with open(create_private_file(told), "w", encoding="utf-8") as out:
+                json.dump({key: os.environ[key] for key in RANK_KEYS if key in os.environ}, out)
+            atexit.register(_remove, told)
+        except OSError:
+            pass
     if STACK_SIGNAL is None:
         return
     import faulthandler
@@ -69,8 +83,6 @@ def _register_stack_dump() -> None:
         return  # no fallback for this worker; py-spy may still read it
     faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
     _kept.append(dump)
-    import atexit
-
     atexit.register(_remove, path)
 
 
@@ -98,7 +110,8 @@ def _run_python(argv: list[str]) -> None:
 
 def main() -> None:
     _apply_lists()
-    if sys.argv[1:] == ["--standby"]:  # a warm standby (hpctorch.start.standby): imports ahead, then becomes a worker
+    warm = sys.argv[1:] == ["--standby"]
+    if warm:  # a warm standby (hpctorch.start.standby): imports ahead, then becomes a worker
         from hpctorch.start.standby import after_go, wait_for_go
 
         wait_for_go()
@@ -107,7 +120,7 @@ def main() -> None:
     argv = sys.argv[1:]
     if argv[:1] == ["--exec"]:
         os.execvp(argv[1], argv[1:])
-    _register_stack_dump()
+    _register_stack_dump(warm)
     from hpctorch.start import storewait
 
     if storewait.needed(os.environ):  # first, so --timings sees the script's call before the wait

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,19 @@ def test_one_node_stall_with_kill_ends_the_job_with_the_stacks(job_factory, star
     assert re.search(r"  rank 1 \(.*\): stuck_here hang\.py:\d+", text), text
     assert re.search(r"  rank 0 \(.*\): all_reduce ← train_step hang\.py:\d+", text), text
     assert text.rstrip().endswith("hpctorch: stopped: no rank wrote any output for 5 s (--stall-timeout)"), text[-2000:]
+
+
+def test_a_stall_after_a_warm_restart_shows_the_stacks_of_the_standbys_that_became_workers(job_factory) -> None:  # type: ignore[no-untyped-def]
+    # The restart's workers were standbys, forked from the node's zygote (not the agent's children)
+    # and started before their ranks were known (not in their /proc environ): still every rank's stacks.
+    job = job_factory("--nproc-per-node", "2", "--max-restarts", "1", "--stall-timeout", "5", "--stall-action", "kill",
+                      HANG_AFTER_RESTART="1", JOB_MARK=uuid.uuid4().hex)
+    assert job.process.wait(timeout=HANG_GUARD_S + 180) == 1
+    text = "".join(job.output)
+    assert "hpctorch: 2 of 2 worker(s) of this attempt run in their warm standby" in text, text[-3000:]
+    assert "where the other ranks were when the job was stopped: 2 rank(s) on 1 node(s)" in text, text[-3000:]
+    assert re.search(r"  rank 1 \(.*\): stuck_here hang\.py:\d+", text), text[-3000:]
+    assert re.search(r"  rank 0 \(.*\): all_reduce ← train_step hang\.py:\d+", text), text[-3000:]
 
 
 def test_one_node_stall_is_dumped_and_the_job_goes_on(job_factory) -> None:  # type: ignore[no-untyped-def]

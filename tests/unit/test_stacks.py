@@ -143,3 +143,28 @@ def test_a_worker_whose_stack_file_goes_at_teardown_is_an_exited_rank_not_an_err
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_warm_workers_rank_comes_from_its_own_file_and_a_file_others_could_write_is_not_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import os
+
+    from hpctorch.host.folders import rank_file
+    from hpctorch.stacks.job import rank_variables
+
+    started = {"TORCHELASTIC_RUN_ID": "run", "LOCAL_RANK": "0", "HPCTORCH_STACKS_DIR": str(tmp_path)}  # a standby's, before its go
+    assert rank_variables(4242, {**started, "RANK": "5"})["RANK"] == "5"  # started with its rank: as it was
+    assert rank_variables(4242, started) is None  # a standby still waiting, or the zygote
+    told = Path(rank_file(str(tmp_path), 4242))
+    told.write_text(json.dumps({"RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1", "HOME": "/elsewhere"}))
+    told.chmod(0o600)
+    seen = rank_variables(4242, started)
+    assert seen is not None and (seen["RANK"], seen["LOCAL_RANK"], seen["GROUP_RANK"]) == ("3", "1", "1")
+    assert "HOME" not in seen  # the rank's variables alone
+    told.chmod(0o644)  # not the private file the worker wrote
+    assert rank_variables(4242, started) is None
+    told.unlink()
+    os.symlink(tmp_path / "elsewhere", told)
+    (tmp_path / "elsewhere").write_text(json.dumps({"RANK": "9"}))
+    (tmp_path / "elsewhere").chmod(0o600)
+    assert rank_variables(4242, started) is None  # never through a link

@@ -27,6 +27,16 @@ def stack_file(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{_host()}-{pid}.stack")
 
 
+RANK_KEYS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+"""What ``rank_file`` holds."""
+
+
+def rank_file(directory: str, pid: int) -> str:
+    """Beside a worker's faulthandler file: its rank variables, written by a worker that was a
+    warm standby (its /proc/PID/environ is the one it was started with, before its attempt)."""
+    return os.path.join(directory, f"{_host()}-{pid}.rank")
+
+
 def node_dir() -> str:
     """hpctorch's folder for this user on this node (a path only: ``private_dir`` makes it):
     under ``polling_root``, whatever TMPDIR says (some sites point it at a shared scratch file

@@ -19,7 +19,7 @@ from ..errors import HpctorchError
 from ..schedulers import hostlist
 from . import groups
 from .dump import Worker, capture
-from .job import collect, publish, worker_of, write_dump
+from .job import collect, publish, rank_variables, worker_of, write_dump
 
 
 def _job_processes(env: Mapping[str, str]) -> dict[str, list[tuple[int, dict[str, str]]]]:
@@ -36,10 +36,10 @@ def _job_processes(env: Mapping[str, str]) -> dict[str, list[tuple[int, dict[str
                 continue
             if own_net is not None and _net_namespace(str(process.pid)) not in (None, own_net):
                 continue  # another node on this machine (network namespaces, as the test cluster's)
-            penv = process.environ()
+            penv = rank_variables(process.pid, process.environ())
         except psutil.Error:
             continue
-        if "TORCHELASTIC_RUN_ID" not in penv or "RANK" not in penv or process.pid == os.getpid():
+        if penv is None or "TORCHELASTIC_RUN_ID" not in penv or process.pid == os.getpid():
             continue
         if env.get("SLURM_JOB_ID") and penv.get("SLURM_JOB_ID") != env["SLURM_JOB_ID"]:
             continue  # srun --jobid J --overlap: only job J's workers

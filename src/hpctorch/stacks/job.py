@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import HpctorchError
-from ..host.folders import create_private_file, node_dir, private_dir, sweep
+from ..host.folders import RANK_KEYS, create_private_file, node_dir, private_dir, rank_file, read_without_link, sweep
 from . import groups
 from .dump import RankStack, Worker, capture
 
@@ -38,6 +38,25 @@ def write_dump(stacks: Iterable[RankStack], label: str) -> str | None:
     except (OSError, HpctorchError):
         return None
     return path
+
+
+def rank_variables(pid: int, env: Mapping[str, str]) -> Mapping[str, str] | None:
+    """A worker's environment with its rank (None: not a rank): as the process was started, or,
+    for a warm standby that became a worker (started before its attempt's ranks were known), with
+    the rank variables it wrote in its stacks folder, in a file of this user's that only it reads."""
+    if "RANK" in env:
+        return env
+    directory = env.get("HPCTORCH_STACKS_DIR")
+    if not directory:
+        return None
+    try:
+        stat, text = read_without_link(rank_file(directory, pid))
+        told = json.loads(text)
+    except (OSError, ValueError):
+        return None
+    if stat.st_uid != os.getuid() or stat.st_mode & 0o077 or not isinstance(told, dict) or "RANK" not in told:
+        return None
+    return {**env, **{key: str(told[key]) for key in RANK_KEYS if key in told}}
 
 
 def worker_of(pid: int, env: Mapping[str, str], host: Callable[[Mapping[str, str], int], str]) -> Worker:
@@ -104,18 +123,25 @@ class NodeStacks:
         """torch's agent is stopping the workers: an abort from another node need not signal it."""
 
     def workers(self) -> list[Worker]:
-        """This agent's live workers: its children with the job's run id (a zombie has no environ)."""
+        """This agent's live workers: the processes below it with the job's run id and a rank (a
+        zombie has no environ); a warm standby's are its zygote's children, and a worker's own
+        children of the same rank (data loaders) are not ranks."""
         import psutil
 
-        found = []
-        for child in psutil.Process(self.parent).children():
+        found: dict[int, Worker] = {}
+        for child in psutil.Process(self.parent).children(recursive=True):  # parents before their children
             try:
-                env = child.environ()
+                env = rank_variables(child.pid, child.environ())
+                parent = child.ppid()
             except psutil.Error:
                 continue
-            if env.get("TORCHELASTIC_RUN_ID") == self.plan.run_id and "RANK" in env:
-                found.append(worker_of(child.pid, env, self._host))
-        return sorted(found, key=lambda w: w.rank)
+            if env is None or env.get("TORCHELASTIC_RUN_ID") != self.plan.run_id:
+                continue
+            worker = worker_of(child.pid, env, self._host)
+            if parent in found and found[parent].rank == worker.rank:
+                continue
+            found[child.pid] = worker
+        return sorted(found.values(), key=lambda w: w.rank)
 
     def _host(self, _env: Mapping[str, str], node: int) -> str:
         import socket
