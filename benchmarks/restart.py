@@ -11,6 +11,7 @@ rendezvous typed by hand, interleaved.
 from __future__ import annotations
 
 import argparse
+import resource
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -125,15 +126,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-cluster", action="store_true")
     args = parser.parse_args(argv)
     with work_and_cluster("restart", not args.smoke and not args.no_cluster) as (work, cluster):
-        times = interleaved(cases(work, cluster, die_at=5 if args.smoke else 25), 1 if args.smoke else args.repeats)
+        timed = cases(work, cluster, die_at=5 if args.smoke else 25)
+        spent: dict[str, list[float]] = {name: [] for name in timed}
+        times = interleaved({name: with_cpu(case, spent[name]) for name, case in timed.items()}, 1 if args.smoke else args.repeats)
     where = "2 network namespaces (the test cluster)" if cluster is not None else "2 simulated nodes on loopback"
     base = summary(times["torchrun, c10d by hand"])["median"]
-    print(f"{where}; rank 3 SIGKILLed at step {5 if args.smoke else 25}; time lost = first step after - last step before (rank 0)")
-    print(table(["command", "median s", "min / max s", "of torchrun's"],
+    print(f"{where}; rank 3 SIGKILLed at step {5 if args.smoke else 25}; time lost = first step after - last step before (rank 0); "
+          "CPU: every process of the job, both nodes, start to end (standbys included)")
+    print(table(["command", "median s", "min / max s", "of torchrun's", "CPU s (median)"],
                 [[n, f"{summary(v)['median']:.2f}", f"{summary(v)['min']:.2f} / {summary(v)['max']:.2f}",
-                  f"{summary(v)['median'] / base:.2f}x"] for n, v in times.items()]))
+                  f"{summary(v)['median'] / base:.2f}x", f"{summary(spent[n])['median']:.1f}"] for n, v in times.items()]))
     if not args.smoke:
-        save("restart", {"where": where, "times": times})
+        save("restart", {"where": where, "times": times, "cpu_s": spent})
+
+
+def with_cpu(case: Callable[[], float], spent: list[float]) -> Callable[[], float]:
+    """``case``, noting the CPU time of the processes it ran (each reaped by its parent, up to ours)."""
+    def run() -> float:
+        before = _children_cpu()
+        value = case()
+        spent.append(_children_cpu() - before)
+        return value
+    return run
+
+
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 if __name__ == "__main__":
