@@ -120,13 +120,16 @@ def restart(data: dict) -> str:
             "the last step before, on rank 0's clock, interleaved runs. torchrun is typed as a user must on this cluster: c10d "
             "rendezvous at node 1's fabric address, `is_host` and `--local-addr` per node, `GLOO_SOCKET_IFNAME`, and torch's "
             "own fresh-store opt-out (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, which hpctorch sets too: without it torchrun's "
-            "restart failed here). hpctorch's restart runs in warm standbys (torch imported ahead, `start.standby`), and a "
+            "restart failed here). hpctorch's restart runs in warm standbys (torch imported ahead, `start.standby`; forked from "
+            "one process per node that imported torch once, `start.zygote`, or each its own process with `HPCTORCH_STANDBY=spawn`), and a "
             "node waiting in torch's rendezvous learns of the next round's opening and of its completion when they happen "
             "(`start.roundwake`), not at torch's next once-a-second read; `HPCTORCH_STANDBY=0` starts new processes, as torch's agent does. The "
             "attempt each rank runs is read from the killed rank's mark, not `TORCHELASTIC_RESTART_COUNT` (each node's own "
-            "count: a node restarted by its peer keeps 0). The goal was at most 0.4x torchrun's.\n\n" +
-            table(["command", "time lost, median s", "min / max s", "of torchrun's"],
-                  [[n, *_stats(v), f"{statistics.median(v) / base:.2f}x"] for n, v in data["times"].items()]))
+            "count: a node restarted by its peer keeps 0). The goal was at most 0.4x torchrun's. CPU: every process of the job on "
+            "both nodes, start to end (each reaped by its parent, up to the benchmark's).\n\n" +
+            table(["command", "time lost, median s", "min / max s", "of torchrun's", "CPU s, median"],
+                  [[n, *_stats(v), f"{statistics.median(v) / base:.2f}x",
+                    f"{statistics.median(data['cpu_s'][n]):.1f}" if n in data.get("cpu_s", {}) else "-"] for n, v in data["times"].items()]))
 
 
 def control_plane_scale(data: dict) -> str:

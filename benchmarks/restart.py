@@ -3,7 +3,8 @@ else simulated nodes on loopback), ``--max-restarts 1``; each step is a DDP-like
 0.1 s of compute, and rank 3 is SIGKILLed at step 25 of the first attempt. Lost time: the first
 step after the restart minus the last step before, on rank 0's clock. hpctorch (warm standbys,
 the default; and without them, ``HPCTORCH_STANDBY=0``) against torchrun with the same c10d
-rendezvous typed by hand, interleaved.
+rendezvous typed by hand, interleaved; and each case's CPU (standbys forked from a zygote, or each
+started as its own process with ``HPCTORCH_STANDBY=spawn``).
 
     python -m benchmarks.restart [--repeats 3] [--no-cluster] [--smoke]
 """
@@ -116,7 +117,7 @@ def cases(work: Path, cluster=None, die_at: int = 25, after: int = 5) -> dict[st
                                  for node in cluster.names], steps, {**env, "HPCTORCH_STANDBY": standby})
 
     return {"torchrun, c10d by hand": torchrun, "hpctorch run (warm standbys)": hpctorch("1"),
-            "hpctorch run, HPCTORCH_STANDBY=0": hpctorch("0")}
+            "hpctorch run, HPCTORCH_STANDBY=spawn": hpctorch("spawn"), "hpctorch run, HPCTORCH_STANDBY=0": hpctorch("0")}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
