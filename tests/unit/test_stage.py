@@ -808,3 +808,33 @@ def test_the_copy_of_a_shared_libpython_interpreter_loads_its_own_libpython(tmp_
                          timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == str(final / "lib" / library.name)
+
+
+BEFORE_THE_COPY = """
+import sys
+from hpctorch.cli import staging
+
+def stage(args, plan, settings):
+    print(" ".join(sorted(sys.modules)))
+    raise SystemExit(0)
+
+staging.stage = stage
+from hpctorch.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_before_its_copy_a_node_imports_nothing_of_the_start_stage(tmp_path: Path) -> None:
+    """Every module imported before a node's copy is adopted is read from the shared file system,
+    on every node: the start stage's (the launcher, torch's logging, the workers) come after it."""
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    done = subprocess.run([sys.executable, "-c", BEFORE_THE_COPY, "run", "--stage-env", "--stage-dir", str(tmp_path),
+                           "--nproc-per-node", "1", str(script)], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "HPCTORCH_"))})
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = set(done.stdout.split())
+    assert "hpctorch.cli.main" in imported and "hpctorch.plan.discover" in imported  # the plan was made: staging's turn came
+    early = sorted(imported & {"hpctorch.start.launch", "hpctorch.start.workers", "hpctorch.start.simulated", "hpctorch.start.spares",
+                               "hpctorch.start.torchlogs", "hpctorch.start.supervisor", "logging", "tempfile", "torch"})
+    assert early == [], early

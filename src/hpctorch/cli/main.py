@@ -157,9 +157,8 @@ def _stacks(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..start import launch, simulated
-    from ..start.workers import WorkersFailed
-
+    # The start stage's modules only once this node's environment is staged: before, every
+    # import is file-system calls on the shared path, from every node.
     check_script(args)
     console = _console_ranks(args)  # every argument is checked before anything is printed or started
     if args.quiet and args.verbose:
@@ -178,15 +177,14 @@ def _run(args: argparse.Namespace) -> int:
         from .. import progress
 
         progress.enabled = False
-    from ..start import torchlogs
-
-    torchlogs.shown = args.verbose
     plan = build_plan(args)
     timings.mark("plan ready")
     if console is not None and not console & set(range(plan.world_size)):
         raise HpctorchError(f"--console-ranks {args.console_ranks}: no such rank in a world of {plan.world_size}",
                             f"give ranks from 0 to {plan.world_size - 1}")
     if plan.mode == "relaunch":
+        from ..start import launch
+
         # Per task the step starts every rank: each must not start --nproc-per-node more of its own.
         launch.exec_relaunch(plan, _without_nproc(args) if plan.relaunch_per_task else args.argv)
     check_master_port(plan)
@@ -208,6 +206,8 @@ def _run(args: argparse.Namespace) -> int:
             plan = kept
             check_master_port(plan)
         staging.stage(args, plan, stage_settings)
+        from ..start import launch
+
         launch.exec_per_task(plan)
     from ..start import masterport
 
@@ -224,6 +224,10 @@ def _run(args: argparse.Namespace) -> int:
             return 0  # a spare: it said why
         plan, seat = kept
     staging.stage(args, every_node if seat is not None else plan, stage_settings)  # a hot spare may run: it stages too
+    from ..start import launch, simulated, torchlogs
+    from ..start.workers import WorkersFailed
+
+    torchlogs.shown = args.verbose
     try:
         if plan.simulated:
             simulated.run_simulated(plan, log_dir=args.log_dir, prefix=not args.no_prefix, console_ranks=console,

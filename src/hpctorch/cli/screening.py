@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import HpctorchError
 from ..plan.types import Options, Plan
 from ..schedulers import hostlist
-from ..start.spares import Seat
+
+if TYPE_CHECKING:  # the start stage's module, imported once the environment is staged
+    from ..start.spares import Seat
 
 
 def screen(args: argparse.Namespace, plan: Plan):  # type: ignore[no-untyped-def]

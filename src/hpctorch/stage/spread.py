@@ -25,7 +25,6 @@ and says so in a line; a node takes in any node of its subtree that asks, once.
 from __future__ import annotations
 
 import datetime
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -42,7 +41,7 @@ __all__ = ["CHUNK", "FANOUT", "IDLE_S", "Feed", "LateError", "Part", "Relay", "S
 
 def _spooled(source: Iterable[bytes], size: int, folder: str | None, helpers: list[threading.Thread]) -> Spool:
     """Node 0's pack given as chunks (tests, benchmarks): spooled by a thread as they come."""
-    spool = Spool.empty(folder or tempfile.gettempdir(), size)
+    spool = Spool.empty(folder, size)
 
     def feed() -> None:
         try:
@@ -124,7 +123,7 @@ def take_part(store, prefix: str, node: int, nnodes: int, host: str, token: str,
                 part.close()
                 return part  # taken by the parent at once, then dropped at its first send
             if relay.children:
-                part.spool = Spool.empty(spool_dir or tempfile.gettempdir(), size)
+                part.spool = Spool.empty(spool_dir, size)
                 part.helpers.append(threading.Thread(target=part.feed.fill, args=(part.spool, deadline), daemon=True,
                                                      name="hpctorch-stage-from-parent"))
                 part.helpers[-1].start()

@@ -4,7 +4,6 @@ k*i+1 .. k*i+k), its limits, its errors, and the spool: the pack's bytes on a no
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -74,7 +73,10 @@ class Spool:
         return spool
 
     @classmethod
-    def empty(cls, folder: str, size: int) -> Spool:
+    def empty(cls, folder: str | None, size: int) -> Spool:
+        """``folder``: where the unnamed file lives (None: the system's temporary folder)."""
+        import tempfile  # only a node with children keeps a spool: not on the way of every leaf's start
+
         handle = tempfile.TemporaryFile(dir=folder)  # 0600, unlinked: O_TMPFILE where the file system has it
         fd = os.dup(handle.fileno())
         handle.close()
