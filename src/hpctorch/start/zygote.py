@@ -246,22 +246,26 @@ def serve() -> None:
         if not message:
             os._exit(0)  # the agent is gone: so are the standbys' stdin, and they end themselves
         request = json.loads(message)
+        settled_read, settled_write = os.pipe()
         pid = os.fork()
         if pid == 0:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for fd in (wake_read, wake_write):
+            for fd in (wake_read, wake_write, settled_read):
                 os.close(fd)
             channel.close()
             os.setsid()  # torch's agent signals the worker's process group
+            os.close(settled_write)  # the pid is answered once its group exists
             os.dup2(fds[0], 0)
             os.close(fds[0])
             os.environ.clear()
             os.environ.update(request["env"])
             _name(comm)
             return
-        for fd in fds:
+        for fd in (*fds, settled_write):
             os.close(fd)
+        os.read(settled_read, 1)  # end-of-file: the child is in its own session (or gone)
+        os.close(settled_read)
         try:
             channel.send(f"pid {pid}".encode())
         except OSError:
