@@ -341,6 +341,10 @@ def _wait(plan: Plan, workers: Sequence[subprocess.Popen], exits: Sequence[_Exit
         if all(code == 0 for code in codes):
             return None, (helper.end("finished").get("final", {}) if helper is not None else {})
         time.sleep(POLL_S)
+    if received and plan.is_master:
+        # Said at once: the launcher's SIGKILL may follow within seconds (Slurm's KillWait), before the closing line.
+        print(f"hpctorch: {signal.Signals(received[0]).name} received: the workers' stacks, then the workers are stopped",
+              file=sys.stderr, flush=True)
     from ..stacks.job import NodeStacks
 
     stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))
