@@ -112,6 +112,9 @@ class Zygote:
         try:
             self.process = subprocess.Popen(list(command), env={**env, ENV: str(theirs.fileno())}, pass_fds=(theirs.fileno(),),
                                             stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            ours.close()
+            raise
         finally:
             theirs.close()
         self.command = tuple(command)
