@@ -130,8 +130,10 @@ def _handler(seat: spares.Seat, port: int, seats: int):  # type: ignore[no-untyp
 
     _seal()
     spares.seat_for(seat)
+    # torch's own keep-alive (every 5 s, dead after 3 missed): with 1 s, a loaded machine starved a
+    # seated node's keep-alive thread for 3 s, and the spare took its seat as a dead node's.
     params = RendezvousParameters(backend=spares.BACKEND, endpoint=f"127.0.0.1:{port}", run_id="spares-test", min_nodes=seats,
-                                  max_nodes=seats, join_timeout=30, is_host="false", keep_alive_interval=1)
+                                  max_nodes=seats, join_timeout=30, is_host="false", keep_alive_interval=5)
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
     return rendezvous_handler_registry.create_handler(params)

@@ -12,7 +12,7 @@ from ..errors import HpctorchError
 from ..plan.types import Options, Plan
 from ..schedulers import hostlist
 
-if TYPE_CHECKING:  # the start stage's module, imported once the environment is staged
+if TYPE_CHECKING:  # the start stage's module: imported where a seat is made (--spare-nodes)
     from ..start.spares import Seat
 
 
@@ -98,8 +98,9 @@ def without_spares(args: argparse.Namespace, plan: Plan, screened, options: Opti
     node, by the process that ``speaks`` for it). With --max-restarts (hot spares) every node
     also gets its seat, and a spare a plan of the kept nodes and the spares after them (a watchdog
     slot of its own), to wait in torch's rendezvous."""
-    from ..screen.exchange import host_of
     from ..plan.discover import plan_keeping
+    from ..screen.exchange import host_of
+    from ..start.spares import Seat
 
     if len(screened.spares) != args.spare_nodes or not screened.master:
         raise HpctorchError("node 0 did not say which nodes sit out (its verdict never came)",
