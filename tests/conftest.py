@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from .environment import clean_env  # noqa: F401 - the tests import it from here
+from .standbys import standbys_of  # noqa: F401 - the tests import it from here
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,29 +51,6 @@ def require(condition: bool, reason: str) -> None:
     if STRICT:
         pytest.fail(f"required in CI (HPCTORCH_REQUIRE_CLUSTER=1): {reason}")
     pytest.skip(reason)
-
-
-def standbys_of(mark: str) -> list[int]:
-    """Live processes started as standbys (hpctorch.start.standby: their command line says so; the
-    zygote they are forked from, named hpctorch-zygote, is not one) by the job whose environment
-    holds JOB_MARK=``mark``: every node of a test shares this machine's /proc."""
-    import os
-
-    found, wanted = [], ("JOB_MARK=" + mark).encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as source:
-                if b"--standby" not in source.read().split(bytes(1)):
-                    continue
-            with open(f"/proc/{pid}/comm", "rb") as source:
-                if source.read().strip() == b"hpctorch-zygote":
-                    continue
-            with open(f"/proc/{pid}/environ", "rb") as source:
-                if wanted in source.read().split(bytes(1)):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 WAIT_FOR_STANDBYS = inspect.getsource(standbys_of) + """

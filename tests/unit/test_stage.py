@@ -268,6 +268,25 @@ def _chunked(payload: bytes, size: int = spread.CHUNK) -> list[bytes]:
     return [payload[i:i + size] for i in range(0, len(payload), size)]
 
 
+def _pack_and_spools_that_fill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, Path, Path]:
+    """Node 0's pack (6 chunks) in a file, and a folder for the spools, where every spool's disk
+    fills after its first chunk (the nodes that keep bytes for children)."""
+    payload = os.urandom(6 * spread.CHUNK)
+    pack = tmp_path / "pack"
+    pack.write_bytes(payload)
+    spools = tmp_path / "spools"
+    spools.mkdir()
+    append = spread.Spool.append
+
+    def filling(self, data):  # type: ignore[no-untyped-def]
+        if self.written >= spread.CHUNK:
+            raise OSError(28, "No space left on device")
+        return append(self, data)
+
+    monkeypatch.setattr(spread.Spool, "append", filling)
+    return payload, pack, spools
+
+
 def _tree(nnodes: int, fanout: int, payload: bytes, consume_of, spool_dir: Path, deadline_s: float = 60.0,  # type: ignore[no-untyped-def]
           source=None, idle_s: float = spread.IDLE_S, said: dict[int, list[str]] | None = None,
           wrap=lambda store: store) -> tuple[dict[int, str], dict[int, float]]:
@@ -479,19 +498,7 @@ def test_a_cut_record_another_user_planted_is_no_cut(tmp_path: Path, monkeypatch
             planted = True
         return authority.SealedStore(store, seal)
 
-    pack = tmp_path / "pack"
-    payload = os.urandom(6 * spread.CHUNK)
-    pack.write_bytes(payload)
-    spools = tmp_path / "spools"
-    spools.mkdir()
-    append = spread.Spool.append
-
-    def filling(self, data):  # type: ignore[no-untyped-def]
-        if self.written >= spread.CHUNK:
-            raise OSError(28, "No space left on device")
-        return append(self, data)
-
-    monkeypatch.setattr(spread.Spool, "append", filling)
+    payload, pack, spools = _pack_and_spools_that_fill(tmp_path, monkeypatch)
     got: dict[int, bytes] = {}
     said: dict[int, list[str]] = {}
     errors, _ = _tree(3, 1, payload, lambda me: _keeping(got, me), spools, source=str(pack), said=said, wrap=sealed)
@@ -519,19 +526,7 @@ def test_the_children_of_a_node_that_cannot_keep_the_pack_take_it_from_node_0(tm
     """Fan-out 2 over 5 nodes: node 0 -> 1, 2; node 1 -> 3, 4. Node 1's disk fills after its first
     chunk, so it can keep nothing for its children: both ask node 0 for every byte, and only node 1
     fails. Node 0 reads its pack from a file (its spool), node 1 alone keeps one."""
-    payload = os.urandom(6 * spread.CHUNK)
-    pack = tmp_path / "pack"
-    pack.write_bytes(payload)
-    spools = tmp_path / "spools"
-    spools.mkdir()
-    append = spread.Spool.append
-
-    def filling(self, data):  # type: ignore[no-untyped-def]
-        if self.written >= spread.CHUNK:
-            raise OSError(28, "No space left on device")
-        return append(self, data)
-
-    monkeypatch.setattr(spread.Spool, "append", filling)
+    payload, pack, spools = _pack_and_spools_that_fill(tmp_path, monkeypatch)
     got: dict[int, bytes] = {}
     said: dict[int, list[str]] = {}
     errors, _ = _tree(5, 2, payload, lambda me: _keeping(got, me), spools, source=str(pack), said=said)
