@@ -55,18 +55,15 @@ def _register_stack_dump(warm: bool) -> None:
         return
     import atexit
 
-    from hpctorch.host.folders import RANK_KEYS, create_private_file, rank_file, stack_file
+    from hpctorch.host.folders import RANK_KEYS, create_private_file, rank_file, replace_file, stack_file
     from hpctorch.host.signals import STACK_SIGNAL
 
     if warm:  # where the stacks' readers find its rank: its /proc environ predates its attempt
         import json
 
         told = rank_file(directory, os.getpid())
-        try:
-            if os.path.lexists(told):
-                os.remove(told)
-            with open(create_private_file(told), "w", encoding="utf-8") as out:
-                json.dump({key: os.environ[key] for key in RANK_KEYS if key in os.environ}, out)
+        try:  # 0600, never through a link, whole or not at all; a dead worker's of the same pid is replaced
+            replace_file(told, json.dumps({key: os.environ[key] for key in RANK_KEYS if key in os.environ}))
             atexit.register(_remove, told)
         except OSError:
             pass

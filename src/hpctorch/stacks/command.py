@@ -19,17 +19,17 @@ from ..errors import HpctorchError
 from ..schedulers import hostlist
 from . import groups
 from .dump import Worker, capture
-from .job import collect, publish, rank_variables, worker_of, write_dump
+from .job import collect, publish, rank_variables, ranks_among, worker_of, write_dump
 
 
-def _job_processes(env: Mapping[str, str]) -> dict[str, list[tuple[int, dict[str, str]]]]:
-    """This user's training processes here, by run id: torchrun's variables in their environment.
-    A process whose parent is the same rank (a data loader worker) is not a rank of its own."""
+def _job_processes(env: Mapping[str, str]) -> dict[str, list[tuple[int, Mapping[str, str]]]]:
+    """This user's training processes here, by run id: torchrun's variables in their environment
+    (``ranks_among``: not a rank's data loaders)."""
     import psutil
 
     uid = os.getuid() if hasattr(os, "getuid") else None
     own_net = _net_namespace("self")
-    found: dict[int, tuple[int, dict[str, str]]] = {}
+    found: dict[int, tuple[int, Mapping[str, str]]] = {}
     for process in psutil.process_iter(["pid", "ppid", "uids"]):
         try:
             if uid is not None and process.info["uids"] and process.info["uids"].real != uid:
@@ -44,11 +44,8 @@ def _job_processes(env: Mapping[str, str]) -> dict[str, list[tuple[int, dict[str
         if env.get("SLURM_JOB_ID") and penv.get("SLURM_JOB_ID") != env["SLURM_JOB_ID"]:
             continue  # srun --jobid J --overlap: only job J's workers
         found[process.pid] = (process.info["ppid"], penv)
-    by_run: dict[str, list[tuple[int, dict[str, str]]]] = {}
-    for pid, (ppid, penv) in found.items():
-        parent = found.get(ppid)
-        if parent and parent[1].get("RANK") == penv["RANK"] and parent[1]["TORCHELASTIC_RUN_ID"] == penv["TORCHELASTIC_RUN_ID"]:
-            continue
+    by_run: dict[str, list[tuple[int, Mapping[str, str]]]] = {}
+    for pid, penv in ranks_among(found):
         by_run.setdefault(penv["TORCHELASTIC_RUN_ID"], []).append((pid, penv))
     return by_run
 
@@ -68,7 +65,7 @@ def _host(penv: Mapping[str, str], node: int) -> str:
     return names[node] if 0 <= node < len(names) and len(names) > 1 else socket.gethostname()
 
 
-def workers_here(env: Mapping[str, str], run_id: str | None = None) -> tuple[list[Worker], dict[str, str]]:
+def workers_here(env: Mapping[str, str], run_id: str | None = None) -> tuple[list[Worker], Mapping[str, str]]:
     """The job's workers on this node and one worker's environment (the job's facts)."""
     runs = _job_processes(env)
     if run_id is not None:

@@ -59,6 +59,18 @@ def rank_variables(pid: int, env: Mapping[str, str]) -> Mapping[str, str] | None
     return {**env, **{key: str(told[key]) for key in RANK_KEYS if key in told}}
 
 
+def ranks_among(found: Mapping[int, tuple[int, Mapping[str, str]]]) -> list[tuple[int, Mapping[str, str]]]:
+    """Of processes (pid: its parent's pid, its environment with a rank), the ranks: one whose
+    parent is the same rank of the same run (a data loader worker) is not a rank of its own."""
+    ranks = []
+    for pid, (ppid, env) in found.items():
+        parent = found.get(ppid)
+        if parent and parent[1].get("RANK") == env["RANK"] and parent[1].get("TORCHELASTIC_RUN_ID") == env.get("TORCHELASTIC_RUN_ID"):
+            continue
+        ranks.append((pid, env))
+    return ranks
+
+
 def worker_of(pid: int, env: Mapping[str, str], host: Callable[[Mapping[str, str], int], str]) -> Worker:
     node = int(env.get("GROUP_RANK", "0") or 0)
     return Worker(pid, int(env["RANK"]), int(env.get("LOCAL_RANK", "0") or 0), node, host(env, node), env.get("HPCTORCH_STACKS_DIR"))
@@ -128,20 +140,16 @@ class NodeStacks:
         children of the same rank (data loaders) are not ranks."""
         import psutil
 
-        found: dict[int, Worker] = {}
-        for child in psutil.Process(self.parent).children(recursive=True):  # parents before their children
+        found: dict[int, tuple[int, Mapping[str, str]]] = {}
+        for child in psutil.Process(self.parent).children(recursive=True):
             try:
                 env = rank_variables(child.pid, child.environ())
                 parent = child.ppid()
             except psutil.Error:
                 continue
-            if env is None or env.get("TORCHELASTIC_RUN_ID") != self.plan.run_id:
-                continue
-            worker = worker_of(child.pid, env, self._host)
-            if parent in found and found[parent].rank == worker.rank:
-                continue
-            found[child.pid] = worker
-        return sorted(found.values(), key=lambda w: w.rank)
+            if env is not None and env.get("TORCHELASTIC_RUN_ID") == self.plan.run_id:
+                found[child.pid] = (parent, env)
+        return sorted((worker_of(pid, env, self._host) for pid, env in ranks_among(found)), key=lambda w: w.rank)
 
     def _host(self, _env: Mapping[str, str], node: int) -> str:
         import socket

@@ -88,9 +88,6 @@ class Forked:
             except ProcessLookupError:
                 pass
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
