@@ -291,3 +291,50 @@ def test_node_0_watches_a_spare_by_its_sealed_slot_and_passes_over_a_planted_one
     judge._watch_movers(server, sealed)
     assert judge.moved_seen == 2
     assert judge.movers == [("hpctorch/spares-test/beat/2", "nid3 (a hot spare that moved in)")]
+
+
+def _slurm_node(monkeypatch: pytest.MonkeyPatch, node: int) -> None:
+    """This process as node ``node`` of a 3-node Slurm step, one task per node (the variables srun sets)."""
+    for name, value in {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "nid[1-3]", "SLURM_NNODES": "3", "SLURM_STEP_NODELIST": "nid[1-3]",
+                        "SLURM_STEP_NUM_NODES": "3", "SLURM_NTASKS": "3", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_ID": "0",
+                        "SLURM_STEP_TASKS_PER_NODE": "1(x3)", "SLURM_NODEID": str(node), "SLURM_PROCID": str(node), "SLURM_LOCALID": "0"}.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize("restarts", [0, 2])
+def test_the_screen_s_spare_sits_out_or_waits_hot_and_the_kept_nodes_renumber(monkeypatch, capsys, restarts: int) -> None:  # type: ignore[no-untyped-def]
+    """``--spare-nodes 1`` on 3 nodes, the middle one screened out: node 0 and node 2 run as ranks
+    0 and 1 of 2 under the first kept node's address; the spare returns None (cold) or, with
+    --max-restarts, a plan that puts it after the kept nodes and an unseated Seat (hot)."""
+    import argparse
+    import os
+
+    from hpctorch.cli.screening import without_spares
+    from hpctorch.plan.discover import plan_here
+    from hpctorch.plan.types import Options
+    from hpctorch.screen.exchange import Screened
+
+    screened = Screened(findings=[{"node": 1, "host": "nid2", "measure": "screen", "detail": "the slowest"}], unmeasured=[],
+                        seconds=1.0, spares=[1], master="127.0.0.2")
+    args = argparse.Namespace(spare_nodes=1, quiet=False)
+    outcomes = {}
+    for node in range(3):
+        _slurm_node(monkeypatch, node)
+        options = Options(command=("python", "train.py"), nproc_per_node=1, max_restarts=restarts, master_addr="127.0.0.1", master_port=29400)
+        outcomes[node] = without_spares(args, plan_here(options, os.environ, exchange=False), screened, options)
+    said = capsys.readouterr().err
+    for node, rank in ((0, 0), (2, 1)):
+        plan, seat = outcomes[node]  # type: ignore[misc]
+        assert (plan.node_rank, plan.nnodes, plan.nodes, plan.master_addr, plan.master_port) == (rank, 2, ("nid1", "nid3"), "127.0.0.2", 29400)
+        assert [w.rank for w in plan.workers] == [rank]
+        assert (seat is None) == (restarts == 0)
+        if seat is not None:
+            assert (seat.spare, seat.spares, seat.seats, seat.host) == (False, 1, 2, f"nid{node + 1}")
+    assert "running on 2 of 3 nodes (nid[1,3]), world size 2, master 127.0.0.2" in said
+    if restarts == 0:
+        assert outcomes[1] is None and "nid2 sits out as a spare (the slowest)" in said
+        return
+    waiting, seat = outcomes[1]  # type: ignore[misc]
+    assert (waiting.node_rank, waiting.nodes, waiting.master_addr) == (2, ("nid1", "nid3", "nid2"), "127.0.0.2")
+    assert (seat.spare, seat.spares, seat.seats, seat.host, seat.joined) == (True, 1, 2, "nid2", False)
+    assert "nid2 waits as a hot spare (the slowest)" in said and "hot spare: nid2" in said
