@@ -107,11 +107,18 @@ def _add_one(tar: tarfile.TarFile, path: str, arcname: str) -> None:
     try:
         if stat.S_ISREG(os.lstat(path).st_mode):
             with open(path, "rb") as handle:
-                tar.addfile(tar.gettarinfo(arcname=arcname, fileobj=handle), handle)
+                tar.addfile(_whole_seconds(tar.gettarinfo(arcname=arcname, fileobj=handle)), handle)
         elif (info := tar.gettarinfo(path, arcname)) is not None:  # None: a socket, which tar.add skips too
-            tar.addfile(info)
+            tar.addfile(_whole_seconds(info))
     except FileNotFoundError:
         return  # gone while packing: the copy lacks it, as the environment now does
+
+
+def _whole_seconds(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """A float mtime costs every member an extended (pax) header, which every node then parses;
+    the whole second is what a .pyc records of its source (so the copy's caches stay valid)."""
+    info.mtime = int(info.mtime)
+    return info
 
 
 def is_kept(key: str, stage_base: str) -> bool:
