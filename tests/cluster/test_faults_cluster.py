@@ -34,9 +34,10 @@ class Job:
         self.stderr: list[str] = []
         self.nodes = [subprocess.Popen(cluster.on(n, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env(**env))
                       for n in cluster.names]
-        for process in self.nodes:
-            threading.Thread(target=self._pump, args=(process.stdout, self.lines.put), daemon=True).start()
-            threading.Thread(target=self._pump, args=(process.stderr, self.stderr.append), daemon=True).start()
+        self.pumps = [threading.Thread(target=self._pump, args=(stream, sink), daemon=True)
+                      for process in self.nodes for stream, sink in ((process.stdout, self.lines.put), (process.stderr, self.stderr.append))]
+        for pump in self.pumps:
+            pump.start()
 
     @staticmethod
     def _pump(stream, sink) -> None:  # type: ignore[no-untyped-def]
@@ -54,10 +55,16 @@ class Job:
         return workers
 
     def wait_all(self, timeout: float) -> float:
+        """Seconds until every node's hpctorch exited; its output is then read to the end (its last
+        lines come at its exit, and a loaded machine's reading threads may be behind)."""
         started = time.monotonic()
         for process in self.nodes:
             process.wait(timeout=max(0.1, timeout - (time.monotonic() - started)))
-        return time.monotonic() - started
+        ended = time.monotonic() - started
+        for pump in self.pumps:
+            pump.join(timeout=max(0.1, timeout - (time.monotonic() - started)))
+        assert not any(pump.is_alive() for pump in self.pumps), "a node's output never ended (a process of the job holds it open)"
+        return ended
 
     def kill(self) -> None:
         for process in self.nodes:

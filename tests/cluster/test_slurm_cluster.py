@@ -111,8 +111,8 @@ def test_max_restarts_restarts_every_node_and_gives_up_in_one_line(cluster: Clus
 
 
 def test_twenty_restarts_in_a_row_are_each_clean(cluster: Cluster, job_dir: Path) -> None:
-    """#43: no byte of an old attempt reaches a new one. Rank 3 (node2) dies after its first
-    collective in every attempt while its peers are inside their next ones; each of the 21
+    """#43: no byte of an old attempt reaches a new one. Rank 3 (node2) dies after its second
+    collective in every attempt (every rank has said READY) while its peers are inside their next ones; each of the 21
     attempts meets whole (4 ranks, the right sum) until the restarts are used up, and the job
     ends on rank 3's exit, never on a gloo error of a new worker that met an old one."""
     report = str(ROOT / "tests" / "fixtures" / "report.py")

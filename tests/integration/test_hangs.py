@@ -34,13 +34,23 @@ class Job:
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pumping = threading.Thread(target=self._pump, daemon=True)
+        self._pumping.start()
 
     def _pump(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self.output.append(line)
             self.lines.put(line)
+
+    def finish(self, timeout: float = HANG_GUARD_S) -> int:
+        """The exit code, once the job ended and its output was read to the end: its last lines
+        (the closing summary, the reason it stopped) come after the workers' end, and on a loaded
+        machine the reading thread may still be behind when the exit comes."""
+        code = self.process.wait(timeout=timeout)
+        self._pumping.join(timeout=timeout)
+        assert not self._pumping.is_alive(), "the job's output never ended (a process of the job holds it open)"
+        return code
 
     def wait_for(self, pattern: str, count: int = 1) -> None:
         deadline, seen = time.monotonic() + HANG_GUARD_S, 0
@@ -137,7 +147,7 @@ def test_a_stall_that_ends_is_said_in_the_goodput_and_drawn(job_factory, tmp_pat
                       HANG_UNTIL_FILE=str(go_on), TORCH_CPP_LOG_LEVEL="ERROR")
     job.wait_for(r"no rank wrote any output for 3 s \(--stall-timeout\); the job goes on")
     go_on.touch()
-    assert job.process.wait(timeout=HANG_GUARD_S) == 0, "".join(job.output)[-3000:]
+    assert job.finish(HANG_GUARD_S) == 0, "".join(job.output)[-3000:]
     goodput = json.loads(summary.read_text())["goodput"]
     assert goodput["stalls"] and all(s["to_s"] > s["from_s"] for s in goodput["stalls"]), goodput
     assert goodput["stalled_s"] >= 3.0, goodput  # the stall said lasted the timeout, at least, after training began
@@ -156,7 +166,7 @@ def test_a_stall_that_ends_is_said_in_the_goodput_and_drawn(job_factory, tmp_pat
 def test_one_node_stall_with_kill_ends_the_job_with_the_stacks(job_factory, starter: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
     # One node has no watchdog store (torch's agent may pick its port): the stall is watched beside the workers.
     job = job_factory("--nproc-per-node", "2", *starter, "--stall-timeout", "5", "--stall-action", "kill")
-    assert job.process.wait(timeout=HANG_GUARD_S) == 1
+    assert job.finish(HANG_GUARD_S) == 1
     text = "".join(job.output)
     assert "where the other ranks were when the job was stopped: 2 rank(s) on 1 node(s)" in text, text
     assert re.search(r"  rank 1 \(.*\): stuck_here hang\.py:\d+", text), text
@@ -169,7 +179,7 @@ def test_a_stall_after_a_warm_restart_shows_the_stacks_of_the_standbys_that_beca
     # and started before their ranks were known (not in their /proc environ): still every rank's stacks.
     job = job_factory("--nproc-per-node", "2", "--max-restarts", "1", "--stall-timeout", "5", "--stall-action", "kill",
                       HANG_AFTER_RESTART="1", JOB_MARK=uuid.uuid4().hex)
-    assert job.process.wait(timeout=HANG_GUARD_S + 180) == 1
+    assert job.finish(HANG_GUARD_S + 180) == 1
     text = "".join(job.output)
     assert "hpctorch: 2 of 2 worker(s) of this attempt run in their warm standby" in text, text[-3000:]
     assert "where the other ranks were when the job was stopped: 2 rank(s) on 1 node(s)" in text, text[-3000:]
@@ -186,7 +196,7 @@ def test_one_node_stall_is_dumped_and_the_job_goes_on(job_factory) -> None:  # t
 
 def test_a_stall_with_kill_ends_the_job_with_the_stacks(job_factory) -> None:  # type: ignore[no-untyped-def]
     job = job_factory("--simulate-nodes", "2", "--nproc-per-node", "2", "--stall-timeout", "6", "--stall-action", "kill")
-    assert job.process.wait(timeout=HANG_GUARD_S) != 0
+    assert job.finish(HANG_GUARD_S) != 0
     text = "".join(job.output)
     assert "where the other ranks were when the job was stopped: 4 rank(s) on 2 node(s)" in text, text
     assert re.search(r"  rank 3 \(.*\): stuck_here hang\.py:\d+", text), text
@@ -197,7 +207,7 @@ def test_when_a_rank_dies_the_survivors_stacks_come_first(job_factory) -> None: 
     # Without ptrace (HPCTORCH_STACKS_METHOD=faulthandler): the fallback every worker registered.
     job = job_factory("--simulate-nodes", "2", "--nproc-per-node", "2", HANG_EXIT_RANK="2", HANG_RANK="3",
                       HPCTORCH_STACKS_METHOD="faulthandler")
-    assert job.process.wait(timeout=HANG_GUARD_S) != 0
+    assert job.finish(HANG_GUARD_S) != 0
     text = "".join(job.output)
     assert re.search(r"where the other ranks were when the job was stopped: \d rank\(s\) on 2 node\(s\), by faulthandler", text), text
     assert re.search(r"  rank 3 \(.*\): stuck_here hang\.py:\d+", text), text
@@ -207,7 +217,7 @@ def test_when_a_rank_dies_the_survivors_stacks_come_first(job_factory) -> None: 
 def test_one_node_without_torchs_agent_shows_the_survivors_too(job_factory) -> None:  # type: ignore[no-untyped-def]
     # One node: hpctorch starts the workers itself (supervisor.py); the same teardown summary.
     job = job_factory("--nproc-per-node", "3", HANG_EXIT_RANK="0", HANG_RANK="2")
-    assert job.process.wait(timeout=HANG_GUARD_S) == 1
+    assert job.finish(HANG_GUARD_S) == 1
     text = "".join(job.output)
     assert "started by hpctorch (no torch agent)" in text
     assert re.search(r"  rank 2 \(\S+\): stuck_here hang\.py:\d+", text), text
