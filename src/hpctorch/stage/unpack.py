@@ -140,10 +140,12 @@ def _within(path: str, links: set[str], what: str) -> str:
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if path.startswith("/") or ".." in parts or not parts:
         raise UnpackError(f"the pack's {what} {path!r} would land outside the copy")
-    for end in range(1, len(parts) + 1):
-        if "/".join(parts[:end]) in links:
-            raise UnpackError(f"the pack's {what} {path!r} goes through the link {'/'.join(parts[:end])!r}")
-    return "/".join(parts)
+    name = ""
+    for part in parts:  # the name and each folder above it
+        name = f"{name}/{part}" if name else part
+        if name in links:
+            raise UnpackError(f"the pack's {what} {path!r} goes through the link {name!r}")
+    return name
 
 
 def copies_of(base: str, key: str) -> Mapping[str, str]:
