@@ -23,7 +23,7 @@ system-deps:
 
 # mpi4py compiles against the MPI that system-deps installs; without one, MPI tests skip
 # (or fail under HPCTORCH_REQUIRE_CLUSTER=1).
-$(VENV)/.installed-mpi: $(VENV)/.installed
+$(VENV)/.installed-mpi: $(VENV)/.installed | system-deps
 	$(PY) -m pip install -q 'mpi4py>=3.1' && touch $@ || echo "mpi4py not installed: MPI tests will skip"
 
 # The frameworks the interop tests run (CPU builds; versions that install quickly and work
@@ -34,8 +34,13 @@ $(VENV)/.installed-frameworks: $(VENV)/.installed
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
 	touch $@
 
-# The unit and integration tests on every core beside the cluster tests, then the serial ones (scripts/run-tests).
-test: system-deps setup $(VENV)/.installed-mpi $(VENV)/.installed-frameworks
+# The frameworks install after mpi4py: two pips never write the venv at once.
+$(VENV)/.installed-frameworks: | $(VENV)/.installed-mpi
+
+# The system packages (apt: the network and dpkg) install beside the venv (pip), not before it;
+# then the unit and integration tests on every core beside the cluster tests, then the serial ones (scripts/run-tests).
+test:
+	$(MAKE) -j2 system-deps $(VENV)/.installed-frameworks
 	PY=$(PY) JUNIT_DIR=$(JUNIT_DIR) scripts/run-tests $(PYTEST_ARGS)
 
 # The documentation site (mkdocs-material) in site/: the README is its home page, docs/ the rest.
