@@ -4,9 +4,7 @@ Importing this package imports nothing else until a name is used (``hpctorch pla
 must answer fast); it never imports torch: ``init()`` does, when called.
 """
 
-from __future__ import annotations
-
-import importlib
+import importlib  # no "from __future__ import annotations": that is an import too, before --stage-env's finder (listed_imports)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~10 ms)
 

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+from .. import listed_imports
 from ..errors import HpctorchError
 from ..plan.types import Plan
 
@@ -15,6 +16,7 @@ from ..plan.types import Plan
 def settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The settings, or None without --stage-env; a bad value is one line before anything starts."""
     if not args.stage_env:
+        listed_imports.uninstall()
         return None
     from ..stage.node import Settings
 
@@ -42,7 +44,10 @@ def stage(args: argparse.Namespace, plan: Plan, chosen) -> None:  # type: ignore
     # Per task, each node's first rank takes the node's part; the node's other ranks use its copy.
     first = plan.mode != "per-task" or plan.workers[0].env.get("HPCTORCH_LOCAL_TASK_RANK", str(plan.workers[0].local_rank)) == "0"
     listeners = plan.world_size - plan.nnodes if plan.mode == "per-task" else 0
-    copy = stage_node(plan, chosen, lambda: open_store(plan, plan.is_master and first), first, listeners)
+    try:
+        copy = stage_node(plan, chosen, lambda: open_store(plan, plan.is_master and first), first, listeners)
+    finally:
+        listed_imports.uninstall()  # the copy's paths, or the shared ones under =try, are imported the usual way from here
     timings.mark("environment staged")
     if copy is None:
         return

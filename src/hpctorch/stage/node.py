@@ -100,6 +100,8 @@ class Staged:
         import importlib
 
         def moved(path: str) -> str:  # an entry outside the staged folders stays as it was written
+            if staged.map_with(self.copies, path) != path:
+                return staged.map_with(self.copies, path)  # as written: no realpath's lstat of each folder above it
             real = os.path.realpath(path) if path else path
             copy = staged.map_with(self.copies, real)
             return copy if copy != real else path
