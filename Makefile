@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 JUNIT_DIR ?=
 
-.PHONY: demo test bench setup system-deps clean golden docs
+.PHONY: demo test bench setup system-deps test-image clean golden docs
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -40,8 +40,16 @@ $(VENV)/.installed-frameworks: | $(VENV)/.installed-mpi
 # The system packages (apt: the network and dpkg) install beside the venv (pip), not before it;
 # then the unit and integration tests on every core beside the cluster tests, then the serial ones (scripts/run-tests).
 test:
-	$(MAKE) -j2 system-deps $(VENV)/.installed-frameworks
+	$(MAKE) -j2 system-deps $(VENV)/.installed-frameworks test-image
 	PY=$(PY) JUNIT_DIR=$(JUNIT_DIR) scripts/run-tests $(PYTEST_ARGS)
+
+# The container tests' Debian root (debootstrap: ~40 s of CPU), built in the background from the
+# moment its packages are in, on the core pip leaves idle; the tests wait for it (scripts/build-test-image).
+TEST_IMAGE := /var/cache/hpctorch-tests/image
+test-image: | system-deps
+	@if [ "$$(id -u)" = 0 ] && command -v debootstrap > /dev/null; then \
+	  mkdir -p $(dir $(TEST_IMAGE)) && nohup scripts/build-test-image $(TEST_IMAGE) > $(TEST_IMAGE).log 2>&1 < /dev/null & \
+	fi
 
 # The documentation site (mkdocs-material) in site/: the README is its home page, docs/ the rest.
 docs: setup

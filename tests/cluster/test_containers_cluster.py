@@ -29,12 +29,10 @@ IMAGE = Path("/var/cache/hpctorch-tests/image")
 def image() -> Path:
     require(shutil.which("ch-run") is not None, "ch-run is not installed (apt-get install charliecloud-runtime)")
     require(shutil.which("debootstrap") is not None, "debootstrap is not installed (apt-get install debootstrap)")
-    if not (IMAGE / "etc" / "debian_version").exists():
-        shutil.rmtree(IMAGE, ignore_errors=True)
-        IMAGE.parent.mkdir(parents=True, exist_ok=True)
-        built = subprocess.run(["debootstrap", "--variant=minbase", "--include=libssl3,libffi8,libbz2-1.0,liblzma5,libsqlite3-0",
-                                "bookworm", str(IMAGE), "http://deb.debian.org/debian"], capture_output=True, text=True, timeout=900)
-        require(built.returncode == 0, f"debootstrap could not build the image: {built.stdout[-500:]}{built.stderr[-500:]}")
+    # Waits for the build make test started beside the venv's install, or builds the image itself.
+    built = subprocess.run([str(ROOT / "scripts" / "build-test-image"), str(IMAGE)], capture_output=True, text=True, timeout=1900)
+    require(built.returncode == 0 and (IMAGE / "etc" / "debian_version").exists(),
+            f"debootstrap could not build the image: {built.stdout[-500:]}{built.stderr[-500:]}")
     return IMAGE
 
 
