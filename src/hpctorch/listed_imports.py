@@ -5,9 +5,11 @@ bytecode's open). Here each folder is listed once, a module of the interpreter's
 its cached bytecode's one open (that library is the interpreter's install, not edited in place),
 and any other module its source's stat and its bytecode's open (Python's own check, kept).
 
-Exact or silent: a name this finder cannot place as Python's would (a zip on the path, a
-namespace package, a folder it cannot list) is left to Python's finder. ``uninstall`` once the
-copy exists: from then on the copy's paths are imported the usual way.
+It takes the place of Python's path finder in ``sys.meta_path`` and places a module exactly as
+that would, or asks it (a zip on the path, a namespace package, a folder it cannot list); a name
+no listed folder has is not found, without Python's walk of every folder again (``try: from nt
+import ...`` in the library). ``uninstall`` once the copy exists: from then on the copy's paths
+are imported the usual way.
 """
 
 # No "from __future__ import annotations": that is one more import from the shared path.

@@ -100,8 +100,9 @@ class Staged:
         import importlib
 
         def moved(path: str) -> str:  # an entry outside the staged folders stays as it was written
-            if staged.map_with(self.copies, path) != path:
-                return staged.map_with(self.copies, path)  # as written: no realpath's lstat of each folder above it
+            as_written = staged.map_with(self.copies, path)
+            if as_written != path:
+                return as_written  # no realpath, which lstats every folder above the entry on the shared path
             real = os.path.realpath(path) if path else path
             copy = staged.map_with(self.copies, real)
             return copy if copy != real else path
