@@ -19,6 +19,9 @@ from .harness import Cluster, fabric_addr
 pytestmark = [pytest.mark.cluster, pytest.mark.serial]  # judges CPU and link measures against the other nodes: alone (scripts/run-tests)
 DOCTOR = (PYTHON, "-m", "hpctorch", "doctor")
 LIMIT_S = 60  # the doctor's own budget is 30 s; past this, a hang guard stops the test
+SHORT = ("--timeout", "15")
+"""A planted fault's budget: the doctor waits 0.4 of it for a peer's hello that cannot come (12 s
+at the default 30 s); the verdict is the same at any budget, only sooner."""
 
 
 def _srun_doctor(cluster: Cluster, job_dir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -70,7 +73,7 @@ def test_master_named_by_a_name_on_the_management_net_is_reached_on_the_fabric(c
 
 def test_master_address_on_the_management_net(cluster: Cluster, job_dir: Path) -> None:
     # An address is used as given: here one node 2 cannot reach, and the doctor says what works.
-    done = _srun_doctor(cluster, job_dir, "--master-addr", "198.19.0.1")
+    done = _srun_doctor(cluster, job_dir, "--master-addr", "198.19.0.1", *SHORT)
     assert done.returncode != 0
     fails = [v for v in _verdicts(done.stdout) if v.startswith("FAIL")]
     assert any("node 1 (node2) cannot reach the master at" in v and "198.19.0.1" in v and "--iface hsn0" in v
@@ -103,7 +106,7 @@ def _in_namespace(cluster: Cluster, node: str, up: Sequence[str], down: Sequence
 
 def test_a_peers_fabric_link_down(cluster: Cluster, job_dir: Path) -> None:
     with _in_namespace(cluster, "node2", ["ip", "link", "set", "hsn0", "down"], ["ip", "link", "set", "hsn0", "up"]):
-        results = _doctor_on_each_node(cluster, job_dir)
+        results = _doctor_on_each_node(cluster, job_dir, [SHORT] * 2)
     assert [r.returncode for r in results] == [1, 1], [r.stderr[-2000:] for r in results]
     assert "FAIL node 1 (node2): hsn0, the interface node 0 talks on, is down" in results[0].stdout, results[0].stdout
 
@@ -112,7 +115,7 @@ def test_a_firewall_dropping_the_master_port(cluster: Cluster, job_dir: Path) ->
     port = "29556"
     rule = ["INPUT", "-i", "hsn0", "-p", "tcp", "--dport", port, "-j", "DROP"]  # the fabric side only
     with _in_namespace(cluster, "node1", ["iptables", "-A", *rule], ["iptables", "-D", *rule]):
-        results = _doctor_on_each_node(cluster, job_dir, [["--master-port", port]] * 2)
+        results = _doctor_on_each_node(cluster, job_dir, [["--master-port", port, *SHORT]] * 2)
     assert [r.returncode for r in results] == [1, 1], [r.stderr[-2000:] for r in results]
     assert any(f"cannot reach the master at {fabric_addr(1)}:{port}" in v and "a firewall drops the master port" in v
                for v in _verdicts(results[0].stdout)), results[0].stdout
