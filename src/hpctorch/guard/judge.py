@@ -154,9 +154,10 @@ class Judge:
         prefix = spares_prefix(self.plan.run_id)
         if not self.spares or self.awaiting is not None or store.add(prefix + "used", 1) > self.spares:
             return False
+        # Said before the mark: whoever sees the mark (a test, a node's summary) finds the line written.
+        print(f"hpctorch: {reason}; a hot spare takes its place", file=sys.stderr, flush=True)
         store.set(beat, REPLACED)
         self.awaiting = (reason.split(" went silent")[0], now, store.add(prefix + "in", 0))
-        print(f"hpctorch: {reason}; a hot spare takes its place", file=sys.stderr, flush=True)
         return True
 
     def _moved_in(self, store, now: float) -> str | None:  # type: ignore[no-untyped-def]
