@@ -64,7 +64,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis src/*.egg-info site build/docs
 
 # make bench: every benchmark (about 15 minutes here, root for the 2-node cluster parts), then RESULTS.md.
-BENCHES := first_collective plan_latency plan_scale bootstrap port_collisions teardown control_plane_scale store_wait straggler_overhead stage_spread auth_cost restart
+BENCHES := first_collective plan_latency plan_scale bootstrap port_collisions teardown control_plane_scale store_wait straggler_overhead stage_spread auth_cost restart stage_hot
 bench: setup $(VENV)/.installed-mpi
 	$(PY) -m pip install -q -e '.[bench]'
 	for b in $(BENCHES); do $(PY) -m benchmarks.$$b || exit 1; done

@@ -2,7 +2,7 @@
 
 A venv of the operating system's Python (its base lies under /usr, already on every node's own
 disk, so ``--stage-env`` copies the venv alone), holding a package of its own with a few MiB of
-data (several of the tree's chunks), that reaches torch and hpctorch in the test run's own
+data (several of the tree's chunks) and another that no job imports (the hot set's test), that reaches torch and hpctorch in the test run's own
 environment through a .pth file (a path outside the staged folders, left as it is). Packing it
 takes a moment where the test run's own environment (1.4 GiB, 40,000 files) takes a minute; one
 cluster test still stages that real environment (tests/cluster/test_venv_staging_cluster.py).
@@ -18,6 +18,8 @@ from pathlib import Path
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 PACKAGE = "stagedmark"
+COLD_PACKAGE = "stagedcold"
+"""A package no test job imports: a hot set's pack carries it as links to the shared path."""
 DATA_BYTES = 3 << 20
 
 
@@ -47,4 +49,7 @@ def make(where: Path) -> Path:
     (packages / PACKAGE).mkdir()
     (packages / PACKAGE / "__init__.py").write_text('"""Marks where the staging tests\' environment was imported from."""\n')
     (packages / PACKAGE / "data.bin").write_bytes(os.urandom(DATA_BYTES))
+    (packages / COLD_PACKAGE).mkdir()
+    (packages / COLD_PACKAGE / "__init__.py").write_text('"""Never imported by the staging tests\' jobs."""\n')
+    (packages / COLD_PACKAGE / "data.bin").write_bytes(os.urandom(DATA_BYTES))
     return python

@@ -14,6 +14,8 @@ execs any other command. Before that it
   before ``init_process_group`` (``agreement_worker``);
 - with HPCTORCH_STRAGGLERS_DIR set (the straggler watch), times its collectives
   (``straggler_worker``);
+- under ``--stage-env`` (HPCTORCH_STAGED names a copy with room for a record), records what it
+  reads of the copy (``stage.hotrecord``): the hot set node 0's later packs carry;
 - with HPCTORCH_STACKS_DIR set, has Python's faulthandler write every thread's stack to
   ``DIR/<pid>.stack`` on ``STACK_SIGNAL``: ``hpctorch stacks`` then works where ptrace (py-spy)
   is not allowed. The file exists only once the handler is in place, so a process is never
@@ -106,6 +108,10 @@ def _run_python(argv: list[str]) -> None:
 
 
 def main() -> None:
+    if os.environ.get("HPCTORCH_STAGED"):  # first: a warm standby imports torch next
+        from hpctorch.stage.hotrecord import install as record_hot_set
+
+        record_hot_set()
     _apply_lists()
     warm = sys.argv[1:] == ["--standby"]
     if warm:  # a warm standby (hpctorch.start.standby): imports ahead, then becomes a worker

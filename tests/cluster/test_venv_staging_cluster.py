@@ -7,7 +7,8 @@ process tree, counted with strace, makes at most 2% of the file-system calls on 
 paths that it makes without staging, and fewer than 300 (hpctorch's own start); then node2, the chain's middle, made slow and without its
 copy, stops at the deadline and runs from the shared path. The others stage a small venv built
 for the test (tests/smallenv.py: what they prove does not need gigabytes): a second job on the same
-nodes reuses every copy; a node without room stops the job before any worker starts, or runs from
+nodes reuses every copy; once jobs ran from node 0's copy, a node without one gets what they read
+and links to the shared path for the rest; a node without room stops the job before any worker starts, or runs from
 the shared path with =try; a node below a node without room takes the pack from the node above;
 per task, each node's first rank stages."""
 
@@ -136,8 +137,8 @@ def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spare
 @pytest.mark.disturbs_cluster  # node2 held to 10% of a CPU: no other job may run there meanwhile
 def test_a_slow_middle_node_stops_at_the_deadline_and_runs_from_the_shared_path(cluster: Cluster, job_dir: Path,
                                                                               stage_root: Path) -> None:
-    """node2, the chain's middle, has no copy of the environment (1.5 GB, packed by the test before:
-    node 0 keeps its pack) and 10% of one CPU; node3 below it has its copy. With
+    """node2, the chain's middle, has no copy of the environment (all 1.5 GB of it, packed by the test
+    before: node 0 keeps its pack) and 10% of one CPU; node3 below it has its copy. With
     HPCTORCH_STAGE_TIMEOUT_S=60 and =try, node2 stops unpacking (node1 cuts it off once its pace
     shows it cannot finish in time, or its deadline stops it) and says so, and the job trains:
     node2 from the shared path, the others from their copies. Before, nothing
@@ -154,7 +155,9 @@ def test_a_slow_middle_node_stops_at_the_deadline_and_runs_from_the_shared_path(
         return False
 
     with throttling(cluster, lifted=line_seen, node="node2", percent=10):
-        state, output = job(cluster, job_dir, "--stage-env=try", "--stage-dir", str(stage_root), env="export HPCTORCH_STAGE_TIMEOUT_S=60\n")
+        # The whole environment (HPCTORCH_STAGE_HOT=0), not what the test before read of node1's copy.
+        state, output = job(cluster, job_dir, "--stage-env=try", "--stage-dir", str(stage_root),
+                            env="export HPCTORCH_STAGE_TIMEOUT_S=60 HPCTORCH_STAGE_HOT=0\n")
     assert state == "COMPLETED", output[-3000:]
     # Cut off by node1 once its pace showed it would end past the deadline, or, had its pace been
     # enough at first, stopped at the deadline itself.
@@ -179,6 +182,58 @@ def test_a_second_job_on_the_same_nodes_reuses_every_copy(cluster: Cluster, job_
     assert {host: json.loads(copy_of(stage_root, host, small_python).read_text())["made"] for host in hosts} == marks  # type: ignore[union-attr]
     seen = ranks(output)
     assert len(seen) == 6 and all(r["prefix"].startswith(str(copies(stage_root, r["host"]))) for r in seen), output[-3000:]
+
+
+HOT = textwrap.dedent("""
+    import os, torch, torch.distributed as dist, stagedmark
+    dist.init_process_group("gloo")
+    with open(os.path.join(os.path.dirname(stagedmark.__file__), "data.bin"), "rb") as data:
+        read = len(data.read())
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    print(f"where host={os.uname().nodename} rank={dist.get_rank()} sum={total.item():.0f} mark={stagedmark.__file__} read={read}", flush=True)
+    dist.destroy_process_group()
+    os._exit(0)
+""")
+
+
+def test_once_jobs_ran_from_node_0s_copy_a_new_node_gets_what_they_read_and_links_for_the_rest(
+        cluster: Cluster, job_dir: Path, stage_root: Path, small_python: Path) -> None:
+    """#42's "copy only what jobs import": a first job makes every node's copy whole and its workers
+    record what they read (node1's is node 0's record); node2 and node3 then lose their copies, and
+    the next job's pack carries what the first job read (the marked package, its data) whole and
+    the rest (a package nobody imports) as links to the shared path: smaller, and the job runs."""
+    for host in ("node1", "node2", "node3"):  # fresh copies: node 0's record is this test's job's alone
+        mark = copy_of(stage_root, host, small_python)
+        if mark is not None:
+            shutil.rmtree(mark.parent)
+    (job_dir / "hot.py").write_text(HOT)
+    script = job_dir / "job.sh"
+    script.write_text(f"#!/bin/sh\n{ONE_THREAD}export HPCTORCH_STAGE_FANOUT=1\n"
+                      f"srun {small_python} -m hpctorch run --stage-env --stage-dir {stage_root} --nproc-per-node 2 {job_dir / 'hot.py'}\n")
+    state, output = cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=1", timeout=600)
+    assert state == "COMPLETED", output[-3000:]
+    assert all(copy_of(stage_root, host, small_python) is not None for host in ("node1", "node2", "node3")), output[-3000:]
+    for host in ("node2", "node3"):
+        shutil.rmtree(copy_of(stage_root, host, small_python).parent)  # type: ignore[union-attr]
+    state, output = cluster.sbatch(job_dir, script, "-p", "wide", "-N3", "--ntasks-per-node=1", timeout=600)
+    assert state == "COMPLETED", output[-3000:]
+    assert re.search(r"hpctorch: packing what jobs read of the environment \([\d,]+ of [\d,]+ files; the others as links to the shared "
+                     r"path\) for the 2 node\(s\) without a copy", output), output[-3000:]
+    seen = ranks(output)
+    assert sorted(int(r["rank"]) for r in seen) == list(range(6)) and {r["sum"] for r in seen} == {"6"}, output[-3000:]
+    assert {r["read"] for r in seen} == {str(smallenv.DATA_BYTES)}, seen
+    for r in seen:
+        assert r["mark"].startswith(str(copies(stage_root, r["host"])) + "/"), r
+    copy = copy_of(stage_root, "node3", small_python).parent  # type: ignore[union-attr]
+    package = next(copy.glob(f"0/lib/python*/site-packages/{smallenv.PACKAGE}"))
+    cold = package.parent / smallenv.COLD_PACKAGE
+    assert (package / "data.bin").is_file() and not (package / "data.bin").is_symlink()
+    original = small_python.parent.parent.resolve()
+    assert os.readlink(cold) == str(original / cold.relative_to(copy / "0"))  # the folder nobody read: one link
+    packs = sorted((stage_root / f"hpctorch-stage-{os.getuid()}" / "node1" / "packs").glob(f"{copy.name}*.tar"), key=lambda p: p.stat().st_size)
+    assert [p.name.startswith(f"{copy.name}-hot-") for p in packs] == [True, False], packs
+    assert packs[1].stat().st_size - packs[0].stat().st_size > 0.99 * smallenv.DATA_BYTES, packs  # the cold package's data stayed behind
 
 
 @contextmanager

@@ -24,6 +24,7 @@ MEASURED = {
     "store_wait": "refused/s at rank 0",
     "straggler_overhead": "step on (ms)",
     "stage_spread": "time s",
+    "stage_hot": "bytes per node",
     "auth_cost": "a node's verify: median ms",
     "restart": "median s",
 }

@@ -588,6 +588,11 @@ def test_bad_stage_settings_are_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["run", "--stage-env", str(script)]) == 2
     err = capsys.readouterr().err
     assert "HPCTORCH_STAGE_TIMEOUT_S" in err and err.count("\n") == 1
+    monkeypatch.delenv("HPCTORCH_STAGE_TIMEOUT_S")
+    monkeypatch.setenv("HPCTORCH_STAGE_HOT", "yes")
+    assert main(["run", "--stage-env", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "HPCTORCH_STAGE_HOT='yes' is neither 0 nor 1" in err and err.count("\n") == 1
 
 
 def test_scratch_is_local_tmp_unless_tmp_is_a_network_file_system(tmp_path: Path) -> None:

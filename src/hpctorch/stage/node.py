@@ -31,7 +31,7 @@ from ..errors import HpctorchError
 from ..guard import authority
 from ..host import folders
 from ..plan.types import Plan
-from . import environment, inventory, pack, relocate, spread, unpack
+from . import environment, hotrecord, hotset, inventory, pack, relocate, spread, unpack
 
 TIMEOUT_S = 600.0
 """Default bound on a node's whole staging (``HPCTORCH_STAGE_TIMEOUT_S``)."""
@@ -50,6 +50,9 @@ class Settings:
     stage_root: str = field(default_factory=folders.local_scratch)
     timeout_s: float = TIMEOUT_S
     fanout: int = spread.FANOUT
+    hot: bool = True
+    """``HPCTORCH_STAGE_HOT`` (1): once jobs ran from node 0's copy, a pack carries what they read
+    whole and the rest as links to the shared path (``hotset``); 0: every file whole."""
 
     @classmethod
     def of(cls, fallback: bool, extra: Sequence[str], stage_root: str | None, env: MutableMapping[str, str]) -> Settings:
@@ -69,8 +72,12 @@ class Settings:
         root = stage_root or folders.local_scratch()
         if not os.path.isdir(root):
             raise HpctorchError(f"--stage-dir {root}: no such folder", "give a folder on each node's own disk, e.g. --stage-dir /tmp")
+        hot = env.get("HPCTORCH_STAGE_HOT", "1")
+        if hot not in ("0", "1"):
+            raise HpctorchError(f"HPCTORCH_STAGE_HOT={hot!r} is neither 0 nor 1",
+                                "unset it (1: a pack carries what jobs read, the rest as links to the shared path), or 0 to copy every file")
         return cls(fallback, tuple(extra), root, number("HPCTORCH_STAGE_TIMEOUT_S", TIMEOUT_S, 1.0),
-                   int(number("HPCTORCH_STAGE_FANOUT", spread.FANOUT, 1.0)))
+                   int(number("HPCTORCH_STAGE_FANOUT", spread.FANOUT, 1.0)), hot == "1")
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,8 @@ class Staged:
 
     def export(self, env: MutableMapping[str, str]) -> None:
         """What every process started from here inherits (``hpctorch.staged`` reads it)."""
-        env[staged.ENV] = json.dumps({"python": self.python, "roots": self.copies, "key": self.key, "original": sys.executable})
+        env[staged.ENV] = json.dumps({"python": self.python, "roots": self.copies, "key": self.key, "original": sys.executable,
+                                      "records": self.records()})
         env["PATH"] = os.pathsep.join([os.path.dirname(self.python), *[p for p in env.get("PATH", "").split(os.pathsep) if p]])
         # A Python built with --enable-shared finds libpython by its RUNPATH, the shared path;
         # LD_LIBRARY_PATH comes first, and names libpython alone.
@@ -93,6 +101,11 @@ class Staged:
         for name in ("VIRTUAL_ENV", "CONDA_PREFIX"):
             if env.get(name):
                 env[name] = staged.map_with(self.copies, os.path.realpath(env[name]))
+
+    def records(self) -> str | None:
+        """The copy's records folder (``hotrecord``), if it has one (copies made before it lack it)."""
+        folder = os.path.join(os.path.dirname(next(iter(self.copies.values()))), hotrecord.RECORDS)
+        return folder if folders.why_unsafe(folder) is None else None
 
     def adopt(self) -> None:
         """This process imports from the copy from now on: the starter's own later imports, and
@@ -230,9 +243,10 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
         if me == 0:
             _count(store, prefix + "reported", nnodes, deadline, "nodes to say whether they have a copy")
             lacking = store.add(prefix + "missing", 0)
+            hot = _hot_set(copies_dir, key) if lacking and have and settings.hot else None
             if lacking:
-                _say_packing(key, base, named["files"], named["size"], lacking)
-            made = pack.pack(named["roots"], key, base, named["skip"]) if lacking else None
+                _say_packing(key, base, named["files"], named["size"], lacking, hot)
+            made = pack.pack(named["roots"], key, base, named["skip"], hot) if lacking else None
             import secrets  # node 0 alone: the other nodes import nothing they do not need before their copy is there
 
             sent = {"size": made.size, "digest": made.digest, "token": secrets.token_hex(16)} if made else {}
@@ -255,11 +269,18 @@ def _together(plan: Plan, settings: Settings, store, base: str, copies_dir: str,
     return _decide(plan, settings, outcome, verdict)
 
 
-def _say_packing(key: str, base: str, files: int, size: int, lacking: int) -> None:
+def _hot_set(copies_dir: str, key: str) -> frozenset[str] | None:
+    """What the jobs that ran from node 0's copy read of it, or None before any did."""
+    names = hotset.recorded(os.path.join(copies_dir, key))
+    return hotset.with_sources(names) if names else None
+
+
+def _say_packing(key: str, base: str, files: int, size: int, lacking: int, hot: frozenset[str] | None = None) -> None:
     """Node 0 says why this start takes longer, once per environment (the pack is kept)."""
-    if progress.enabled and not pack.is_kept(key, base):
-        print(f"hpctorch: packing the environment ({files:,} files, {pack.amount(size)}) for the {lacking} node(s) without a copy; "
-              "kept for later jobs", file=sys.stderr, flush=True)
+    if progress.enabled and not pack.is_kept(key, base, hot):
+        what = (f"what jobs read of the environment ({len(hot):,} of {files:,} files; the others as links to the shared path)"
+                if hot else f"the environment ({files:,} files, {pack.amount(size)})")
+        print(f"hpctorch: packing {what} for the {lacking} node(s) without a copy; kept for later jobs", file=sys.stderr, flush=True)
 
 
 def _given(text: str) -> dict:

@@ -23,9 +23,9 @@ def relocate(copies: Mapping[str, str], top: str) -> int:
     ``top`` at ``<top>/<basename of the final path>``; returns how many files changed."""
     pattern = _pattern(copies)
     changed = 0
-    for final in copies.values():
+    for original, final in copies.items():
         here = os.path.join(top, os.path.basename(final))
-        changed += _links(here, copies)
+        changed += _links(here, copies, original)
         changed += _rewrite(os.path.join(here, "pyvenv.cfg"), pattern, copies)
         bin_dir = os.path.join(here, "bin")
         if os.path.isdir(bin_dir) and not os.path.islink(bin_dir):
@@ -71,7 +71,9 @@ def _pattern(copies: Mapping[str, str]) -> re.Pattern[bytes]:
     return re.compile(b"(" + b"|".join(re.escape(os.fsencode(n)) for n in names) + rb")(?=[/'\"\s:;]|$)", re.MULTILINE)
 
 
-def _links(here: str, copies: Mapping[str, str]) -> int:
+def _links(here: str, copies: Mapping[str, str], original: str) -> int:
+    """Links into a staged folder point at its copy, but a link to its own original (a hot set's
+    pack: a file the jobs did not read) stays on the shared path."""
     changed = 0
     for folder, dirs, names in os.walk(here):
         for name in names + dirs:
@@ -79,6 +81,8 @@ def _links(here: str, copies: Mapping[str, str]) -> int:
             if not os.path.islink(path):
                 continue
             target = os.readlink(path)
+            if target == original + path[len(here):]:
+                continue
             moved = map_with(copies, target) if os.path.isabs(target) else target
             if moved != target:
                 os.remove(path)

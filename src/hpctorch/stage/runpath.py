@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from ..staged import map_with
 
@@ -83,6 +83,24 @@ def relative(value: str, where: str, copies: Mapping[str, str]) -> str:
         way = os.path.relpath(moved, os.path.dirname(where))
         parts.append("$ORIGIN" if way == "." else f"$ORIGIN/{way}")
     return ":".join(parts)
+
+
+def names_inside(path: str, roots: Sequence[str]) -> bool:
+    """Whether the program or library ``path`` has a run path entry inside one of ``roots`` (read,
+    never changed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        found = _strings(fd)
+        entries = [entry for at, _tag in (found[0] if found else []) for entry in os.fsdecode(_read_string(fd, at)).split(":")]
+    except (OSError, struct.error):
+        return False
+    finally:
+        os.close(fd)
+    inside = [root.rstrip("/") + "/" for root in roots]
+    return any(os.path.isabs(entry) and (os.path.normpath(entry) + "/").startswith(tuple(inside)) for entry in entries)
 
 
 def rewrite(path: str, where: str, copies: Mapping[str, str]) -> bool:

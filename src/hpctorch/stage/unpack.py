@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from ..host.folders import private_dir, replace_file, why_unsafe
 from . import inventory
+from .hotrecord import RECORDS
 from .inventory import MARK
 from .pack import CHUNK, amount
 from .relocate import link_libpython, relocate
@@ -96,6 +97,7 @@ def receive(chunks: Iterable[bytes], base: str, key: str, roots: Iterable[str], 
         copies = final_paths(base, key, roots)
         relocate(copies, temporary)
         link_libpython(copies, temporary)
+        os.mkdir(os.path.join(temporary, RECORDS), 0o700)  # what the workers read of this copy (hotrecord)
         replace_file(os.path.join(temporary, MARK), json.dumps({"key": key, "roots": copies, "made": time.time()}))
         try:
             os.rename(temporary, os.path.join(base, key))
