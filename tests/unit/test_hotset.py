@@ -102,10 +102,12 @@ def test_a_record_names_only_files_inside_the_copy_and_a_copy_keeps_a_few(tmp_pa
     assert hotset.recorded(str(copy)) == {"0/lib/x.py", "1/lib/y.so"}
     os.symlink("/etc/passwd", records / "planted")  # a link in the records is not read through
     assert hotset.recorded(str(copy)) == {"0/lib/x.py", "1/lib/y.so"}
-    for index in range(hotrecord.MAX_RECORDS):
-        (records / f"r{index}").write_text("")
     env = {staged.ENV: '{"python": "/x", "roots": {}, "records": "%s"}' % records}
+    taken = [hotrecord._free_slot(str(records)) for _ in range(hotrecord.MAX_RECORDS + 1)]
+    assert None not in taken[:-1] and taken[-1] is None  # the ranks of a node take one each, never more than there are
     assert hotrecord.install(env) is None  # full: no more records, no hook
+    for fd in taken[:-1]:
+        os.close(fd)  # type: ignore[arg-type]
     assert hotset.with_sources(["0/p/__pycache__/m.cpython-311.pyc", "0/q.py"]) == {
         "0/p/__pycache__/m.cpython-311.pyc", "0/p/m.py", "0/q.py"}
 

@@ -95,6 +95,20 @@ class Recorder:
             self.maps()
 
 
+def _free_slot(folder: str) -> int | None:
+    """The first of the ``MAX_RECORDS`` record files nobody took, made and opened here (O_EXCL: the
+    ranks of a node starting at once never take one twice, nor more than there are), or None."""
+    for slot in range(MAX_RECORDS):
+        try:
+            return os.open(os.path.join(folder, f"record-{slot:02d}"),
+                           os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
 def install(env: Mapping[str, str] | None = None) -> Recorder | None:
     """In a worker running from a copy whose records folder has room: start recording."""
     from .. import staged
@@ -103,12 +117,8 @@ def install(env: Mapping[str, str] | None = None) -> Recorder | None:
     folder = data.get("records") if data else None
     if not isinstance(folder, str) or not folder:
         return None
-    try:
-        if len(os.listdir(folder)) >= MAX_RECORDS:
-            return None
-        name = os.path.join(folder, f"{os.uname().nodename}-{os.getpid()}-{time.time_ns()}")
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError:
+    fd = _free_slot(folder)
+    if fd is None:
         return None
     recorder = Recorder(os.path.dirname(folder), fd)
     recorder.modules()
