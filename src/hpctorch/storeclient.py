@@ -41,7 +41,13 @@ class StoreLost(StoreError):
 
 
 class ProtocolMismatch(StoreError):
-    """The server did not answer as torch >= 2.4's TCPStore does."""
+    """The server did not answer as torch >= 2.4's TCPStore does: ``answered`` when it said
+    something else or closed the connection (another torch's protocol), not when it said nothing
+    in time (a listener that is no store: torch's own client would wait on it without end)."""
+
+    def __init__(self, message: str, answered: bool = True) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 def _string(text: str | bytes) -> bytes:
@@ -67,9 +73,12 @@ class StoreClient:
         try:
             self.conn.sendall(struct.pack("<BI", VALIDATE, MAGIC) + struct.pack("<BI", PING, nonce))
             answer = struct.unpack("<I", self._exactly(4))[0]
+        except (StoreLost, ConnectionError) as exc:
+            self.close()
+            raise ProtocolMismatch(f"the connection closed during the handshake ({exc})") from None
         except (OSError, StoreError) as exc:
             self.close()
-            raise ProtocolMismatch(f"no answer to the handshake within {timeout_s:.0f} s ({exc})") from None
+            raise ProtocolMismatch(f"no answer to the handshake within {timeout_s:.0f} s ({exc})", answered=False) from None
         if answer != nonce:
             self.close()
             raise ProtocolMismatch(f"the handshake's nonce came back as {answer}, not {nonce}")
@@ -78,6 +87,11 @@ class StoreClient:
 
     def close(self) -> None:
         self.conn.close()
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        """Each later request's limit (torch's ``Store.set_timeout``)."""
+        self.timeout_s = timeout.total_seconds()
+        self.conn.settimeout(self.timeout_s)
 
     def __del__(self) -> None:
         try:
@@ -208,8 +222,10 @@ def open_client(host: str, port: int, timeout_s: float):  # type: ignore[no-unty
     if speaks_with(installed_torch()):
         try:
             return StoreClient(host, port, timeout_s)
-        except ProtocolMismatch:
-            pass  # a server of another protocol: torch's own client speaks it
+        except ProtocolMismatch as exc:
+            if not exc.answered:
+                raise  # a listener that says nothing: torch's client would wait on it for ever
+            # a server of another protocol: torch's own client speaks it
     from torch.distributed import TCPStore
 
     return TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)

@@ -33,6 +33,12 @@ def _nodes(*script_args: str, timeout: float = 120, options: tuple[str, ...] = (
             out, err = process.communicate(timeout=timeout)  # a hang guard
             # Decoded as is: text mode would turn a progress bar's carriage returns into newlines.
             results.append(subprocess.CompletedProcess(process.args, process.returncode, out.decode(), err.decode()))
+    except subprocess.TimeoutExpired:
+        # What every node said, not only the one waited on: the node that hung is often the other.
+        for process in processes:
+            process.kill()
+        said = [process.communicate()[1].decode(errors="replace")[-3000:] for process in processes]
+        pytest.fail(f"the nodes did not end within {timeout:.0f} s\n" + "\n".join(f"--- node {n}:\n{e}" for n, e in enumerate(said)))
     finally:
         for process in processes:
             process.kill()

@@ -680,6 +680,21 @@ def test_a_server_that_answers_otherwise_is_a_protocol_mismatch_and_a_missing_on
     assert time.monotonic() - started < 30
 
 
+def test_a_listener_that_never_answers_is_not_handed_to_torchs_client() -> None:
+    """It takes the connection and says nothing: torch's own client would wait on it for ever,
+    whatever its timeout, so ``open_client`` says so within its own."""
+    import socket as sockets
+
+    from hpctorch import storeclient
+
+    with sockets.create_server(("127.0.0.1", 0)) as silent:  # the kernel takes the connection; nobody reads it
+        started = time.monotonic()
+        with pytest.raises(storeclient.ProtocolMismatch, match="no answer to the handshake within 1 s") as raised:
+            storeclient.open_client("127.0.0.1", silent.getsockname()[1], 1)
+        assert not raised.value.answered
+        assert time.monotonic() - started < 30  # a hang guard only
+
+
 def test_the_python_client_is_used_only_for_a_torch_that_speaks_its_protocol() -> None:
     import torch
 

@@ -41,6 +41,11 @@ of nodes, a lossy link) needs longer than a poll to be answered."""
 """How often the store is asked; the shared files are written and read at most once a
 second (``sharedfiles``), and read only once the store has not settled it quickly."""
 FILES_AFTER_S = 2.0
+PROBE_S = 3.0
+"""How long whatever listens at the master port has to answer as a store and show node 0's
+record before the node lets go of it and polls again: a listener that is not node 0's store
+(someone's for a moment before node 0 binds, another job's store) costs a probe, not the job
+(torch's own client waits on a listener that never answers for ever, whatever its timeout)."""
 GRACE_S = 2.5
 SHARED_KEPT_S = 86400.0
 """What earlier runs left in the shared folder (master records, agreement and doctor folders)
@@ -139,6 +144,37 @@ def open_store(plan: Plan, timeout_s: float, serve: bool | None = None, port: in
     )
 
 
+def reach(plan: Plan, deadline: float, probe_s: float = PROBE_S):  # type: ignore[no-untyped-def]
+    """One try at node 0's store at the master port, from another node: (the store, sealed, with
+    requests allowed until ``deadline``, None), or (None, why not) where what listens there does not
+    answer as a store, or not as this job's node 0, within ``probe_s`` (None where it closed first:
+    node 0's hpctorch handing the port to rank 0). Another user's store there raises (the job
+    cannot have that port)."""
+    from .. import storeclient
+
+    probe = max(1.0, min(probe_s, deadline - time.monotonic()))
+    try:
+        client = storeclient.open_client(plan.master_addr or "", plan.master_port, probe)
+    except OSError:
+        return None, None  # gone again: the next poll
+    except Exception as exc:  # noqa: BLE001 - not a store: torch's client and ours raise several kinds
+        return None, f"what listens there does not answer as a store ({_first_line(exc)})"
+    try:
+        store = authority.sealed(client, plan, probe, serve=False)
+    except authority.AuthError as exc:
+        if hasattr(client, "close"):
+            client.close()
+        if "another user" in exc.cause:
+            raise
+        return None, None if isinstance(exc, authority.StoreGone) else exc.cause
+    store.set_timeout(datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())))
+    return store, None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def ask_for_port(serve, timeout_s: float):  # type: ignore[no-untyped-def]
     """In node 0's rank 0: ``serve()`` (which binds the master port), once hpctorch on this node
     let go of it where it holds it (``HANDOVER_ENV``, ``start.masterport``); tried again until
@@ -185,28 +221,20 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
         store = authority.sealed(store, plan, timeout_s, serve=True)
         _publish(store, plan.node_rank, mine)
     stored: dict[int, dict] = {plan.node_rank: mine} if plan.is_master else {}
+    heard: str | None = None  # why the last listener at the master port was not node 0's store
+    probe = PROBE_S  # doubled after each such listener: a server slow under a burst of nodes gets longer
     pause = POLL_S
     progress = Progress(timeout_s)
     try:
         while True:
-            progress.tick(lambda: waiting_for(plan, store is not None, stored))
+            progress.tick(lambda: waiting_for(plan, store is not None, stored, heard))
             files.publish()
             # The files matter only when the store does not settle it quickly.
             seen = dict(files.read_live()) if time.monotonic() - started > FILES_AFTER_S else {}
             # A plain connect first: torch's store client logs a C++ trace for every refusal.
             if store is None and network.connect(plan.master_addr, plan.master_port, max(POLL_S, min(CONNECT_TIMEOUT_S, deadline - time.monotonic())))["ok"]:
-                try:
-                    store = open_store(plan, max(1.0, deadline - time.monotonic()))
-                except Exception:  # noqa: BLE001 - not a store, or gone again: keep waiting
-                    store = None
-                if store is not None:
-                    # A store that answers but does not authenticate is someone else's: no waiting it out.
-                    # One that closes the connection first says nothing: node 0's hpctorch hands the
-                    # port to rank 0's store (start.masterport), and the next poll reaches that.
-                    try:
-                        store = authority.sealed(store, plan, max(1.0, deadline - time.monotonic()), serve=False)
-                    except authority.StoreGone:
-                        store = None
+                store, heard = reach(plan, deadline, probe)
+                probe = probe * 2 if heard else probe
                 if store is not None:
                     try:
                         _publish(store, plan.node_rank, mine)
@@ -235,7 +263,7 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
                 files.linger(GRACE_S, POLL_S)  # so the others see this node disagree
                 raise disagreement_error(lines)
             if time.monotonic() > deadline:
-                raise _timeout_error(plan, timeout_s, store is not None, stored)
+                raise _timeout_error(plan, timeout_s, store is not None, stored, heard)
             time.sleep(pause)
             # Node 0 alone keeps polling fast (its polls read only what is new); the others back off.
             pause = min(pause * 1.5, MASTER_POLL_MAX_S if plan.is_master else POLL_MAX_S)
@@ -244,8 +272,9 @@ def check(plan: Plan, timeout_s: float):  # type: ignore[no-untyped-def]
         files.remove()
 
 
-def waiting_for(plan: Plan, connected: bool, stored: Mapping[int, object]) -> str | None:
-    """What this node waits on, from what it already knows; None when another node says it."""
+def waiting_for(plan: Plan, connected: bool, stored: Mapping[int, object], heard: str | None = None) -> str | None:
+    """What this node waits on, from what it already knows (``heard``: why what listens at the
+    master port is not node 0's store); None when another node says it."""
     if plan.is_master:
         missing = [n for n in range(plan.nnodes) if n not in stored]
         if not missing:
@@ -253,7 +282,8 @@ def waiting_for(plan: Plan, connected: bool, stored: Mapping[int, object]) -> st
         names = hostlist.compress([plan.nodes[n] for n in missing]) if plan.nodes else ", ".join(map(str, missing[:20]))
         return f"waiting for {len(missing):,} of {plan.nnodes:,} nodes ({names})"
     if not connected:
-        return f"node {plan.node_rank}: waiting to reach node 0's store at {plan.master_addr}:{plan.master_port}"
+        said = f" ({printable(heard, lines=False)})" if heard else ""
+        return f"node {plan.node_rank}: waiting to reach node 0's store at {plan.master_addr}:{plan.master_port}{said}"
     return None
 
 
@@ -304,11 +334,13 @@ def _judge(store, plan: Plan, stored: dict[int, dict]) -> str | None:  # type: i
     return verdict
 
 
-def _timeout_error(plan: Plan, timeout_s: float, connected: bool, stored: Mapping[int, object]) -> HpctorchError:
+def _timeout_error(plan: Plan, timeout_s: float, connected: bool, stored: Mapping[int, object],
+                   heard: str | None = None) -> HpctorchError:
     where = f"{plan.master_addr}:{plan.master_port}"
     if not connected:
+        said = f" (the last answer there: {printable(heard, lines=False)})" if heard else ""
         return HpctorchError(
-            f"could not reach the master's store at {where} from {plan.iface or 'this node'} within {timeout_s:.0f} s",
+            f"could not reach the master's store at {where} from {plan.iface or 'this node'} within {timeout_s:.0f} s{said}",
             f"check that node 0 started and is reachable on {plan.iface or 'the chosen interface'} "
             "('hpctorch plan' shows why it was chosen), that every node got the same --master-addr "
             "and --master-port, or raise --rdzv-timeout",

@@ -79,7 +79,7 @@ class Screened:
 def connect(plan: Plan, timeout_s: float, serve: bool | None = None, what: str = "the screen"):  # type: ignore[no-untyped-def]
     """The master's store for ``what`` before the job's own: served by node 0 (or where ``serve``
     says), reached by every other process within ``timeout_s``."""
-    from ..guard.agreement import open_store
+    from ..guard.agreement import PROBE_S, open_store, reach
 
     if plan.is_master if serve is None else serve:
         try:
@@ -90,22 +90,18 @@ def connect(plan: Plan, timeout_s: float, serve: bool | None = None, what: str =
                                 "pass another --master-port, or stop the process that holds it (ss -ltnp)") from None
         return authority.sealed(served, plan, timeout_s, serve=True)
     deadline = time.monotonic() + timeout_s
-    pause = POLL_S
+    pause, probe, heard = POLL_S, PROBE_S, None
     while time.monotonic() < deadline:
-        # A plain connect first: torch's store client logs a C++ trace for every refusal.
+        # A plain connect first: a refusal costs no store client (torch's logs a C++ trace for each).
         if network.connect(plan.master_addr or "", plan.master_port, min(2.0, max(0.1, deadline - time.monotonic())))["ok"]:
-            try:
-                reached = open_store(plan, max(1.0, deadline - time.monotonic()), serve=False)
-            except Exception:  # noqa: BLE001 - not up yet, or gone again
-                reached = None
-            if reached is not None:  # a store that does not authenticate is someone else's: no waiting it out
-                try:
-                    return authority.sealed(reached, plan, max(1.0, deadline - time.monotonic()), serve=False)
-                except authority.StoreGone:
-                    pass  # closed before its record was read: no verdict, the next poll
+            reached, heard = reach(plan, deadline, probe)
+            if reached is not None:
+                return reached
+            probe = probe * 2 if heard else probe  # not node 0's store (yet): a probe's cost, then the next poll
         time.sleep(pause)
         pause = min(pause * 1.5, POLL_MAX_S)
-    raise HpctorchError(f"could not reach node 0's store at {plan.master_addr}:{plan.master_port} for {what} within {timeout_s:.0f} s",
+    said = f" (the last answer there: {printable(heard, lines=False)})" if heard else ""
+    raise HpctorchError(f"could not reach node 0's store at {plan.master_addr}:{plan.master_port} for {what} within {timeout_s:.0f} s{said}",
                         "check that node 0 started and is reachable on the chosen interface ('hpctorch plan' says which), or raise --rdzv-timeout")
 
 

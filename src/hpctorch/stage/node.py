@@ -26,9 +26,8 @@ from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .. import progress, staged, storeclient
+from .. import progress, staged
 from ..errors import HpctorchError
-from ..guard import authority
 from ..host import folders
 from ..plan.types import Plan
 from . import environment, hotrecord, hotset, inventory, pack, relocate, spread, unpack
@@ -130,21 +129,10 @@ class _Problem(Exception):
 
 def open_store(plan: Plan, serve: bool):  # type: ignore[no-untyped-def]
     """The master's store for the staging: node 0 serves it with torch's TCPStore; everyone else
-    reaches it without importing torch from the shared path (``storeclient``), unless that
-    server speaks another torch's protocol."""
+    reaches it without importing torch from the shared path (``storeclient``, through
+    ``agreement.reach``), unless that server speaks another torch's protocol."""
     from ..screen.exchange import connect
 
-    if not serve and storeclient.speaks_with(storeclient.installed_torch()):
-        try:
-            client = storeclient.connect(plan.master_addr or "", plan.master_port, plan.rdzv_timeout)
-            return authority.sealed(client, plan, plan.rdzv_timeout, serve=False)
-        except storeclient.ProtocolMismatch as exc:
-            print(f"hpctorch: node 0's store answers in another torch's way ({exc}): torch is imported here to reach it",
-                  file=sys.stderr, flush=True)
-        except storeclient.StoreError as exc:
-            raise HpctorchError(f"{exc} for staging the environment",
-                                "check that node 0 started and is reachable on the chosen interface ('hpctorch plan' says which), "
-                                "or raise --rdzv-timeout") from None
     return connect(plan, plan.rdzv_timeout, serve=serve, what="staging the environment")
 
 
