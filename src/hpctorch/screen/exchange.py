@@ -118,6 +118,8 @@ def run(plan: Plan, store, threshold: float, use_gpus: bool, prefix: str, wait_s
     other ranks), which node 0's store waits for too.
     """
     started = time.monotonic()
+    if local is measure.this_node:
+        measure.prepare()  # before arriving: the common budget runs from the last arrival
     try:
         record, go = _measure(plan, store, prefix, lambda: local(use_gpus), ring and plan.nnodes > 1, started + wait_s, budget_s, listeners)
         store.set(f"{prefix}record/{plan.node_rank}", json.dumps(record))

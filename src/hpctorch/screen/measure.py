@@ -249,6 +249,13 @@ def _pcie(pynvml: Any, handle: Any) -> str | None:
     return f"PCIe link x{now} of x{most}" if now < most else None
 
 
+def prepare() -> None:
+    """What the measures import, loaded before this node says it is here: a node slow to import
+    torch (a CPU held to a quota, a cold shared file system) would otherwise spend the budget the
+    nodes share after ``go`` on it, and send no record in time."""
+    import torch  # noqa: F401
+
+
 def this_node(use_gpus: bool) -> dict[str, Any]:
     """Every measure of this node: the figures judged against the other nodes', the problems
     judged on their own, and what could not be measured."""

@@ -108,13 +108,10 @@ def run(env: Mapping[str, str], run_id: str | None, method: str, timeout_s: floa
 
 
 def _store(job: Mapping[str, str], timeout_s: float):  # type: ignore[no-untyped-def]
-    import datetime
+    from ..storeclient import open_client
 
-    from torch.distributed import TCPStore
-
-    try:
-        return TCPStore(job["MASTER_ADDR"], int(job["MASTER_PORT"]), is_master=False,
-                        timeout=datetime.timedelta(seconds=max(1.0, min(10.0, timeout_s))), wait_for_workers=False)
-    except (KeyError, ValueError, RuntimeError):
+    try:  # not torch's client alone: it waits for ever on a listener that never answers
+        return open_client(job["MASTER_ADDR"], int(job["MASTER_PORT"]), max(1.0, min(10.0, timeout_s)))
+    except (KeyError, ValueError, RuntimeError, OSError):
         return None
 
