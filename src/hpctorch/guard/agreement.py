@@ -158,7 +158,7 @@ def reach(plan: Plan, deadline: float, probe_s: float = PROBE_S):  # type: ignor
     except OSError:
         return None, None  # gone again: the next poll
     except Exception as exc:  # noqa: BLE001 - not a store: torch's client and ours raise several kinds
-        return None, f"what listens there does not answer as a store ({_first_line(exc)})"
+        return None, f"what listens there does not answer as a store ({authority.first_line(exc)})"
     try:
         store = authority.sealed(client, plan, probe, serve=False)
     except authority.AuthError as exc:
@@ -169,10 +169,6 @@ def reach(plan: Plan, deadline: float, probe_s: float = PROBE_S):  # type: ignor
         return None, None if isinstance(exc, authority.StoreGone) else exc.cause
     store.set_timeout(datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())))
     return store, None
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def ask_for_port(serve, timeout_s: float):  # type: ignore[no-untyped-def]

@@ -219,9 +219,9 @@ def verify(store, plan: Plan, timeout_s: float) -> Seal:  # type: ignore[no-unty
     except Exception as exc:  # noqa: BLE001 - torch's and our client's timeouts differ in kind
         if _lost(exc):
             raise StoreGone(f"node 0's store at {where} closed the connection before its authority record was read "
-                            f"({_first_line(exc)})", "try again: the store may be moving to rank 0's process") from None
+                            f"({first_line(exc)})", "try again: the store may be moving to rank 0's process") from None
         raise AuthError(f"the store at {where} gave no hpctorch authority record within {timeout_s:.0f} s "
-                        f"({_first_line(exc)}): it is not this job's node 0",
+                        f"({first_line(exc)}): it is not this job's node 0",
                         _FIX) from None
     bound = binding(plan)
     by = token.get("by") if isinstance(token, dict) else None
@@ -245,7 +245,8 @@ def run_seal(store, plan: Plan, timeout_s: float) -> Seal:  # type: ignore[no-un
     return made if made is not None else verify(store, plan, timeout_s)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, or its kind where it says nothing (torch's store errors run to C++ traces)."""
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 

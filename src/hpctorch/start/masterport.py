@@ -181,7 +181,7 @@ def _find(plan: Plan) -> Plan:
                           "trying the job's next ports", file=sys.stderr, flush=True)
                 continue
             except Exception as exc:  # noqa: BLE001 - not a store, or gone again: the next port
-                heard[port] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                heard[port] = authority.first_line(exc)
                 continue
             finally:
                 if store is not None and hasattr(store, "close"):
