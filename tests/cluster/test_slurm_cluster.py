@@ -279,6 +279,8 @@ def test_scancel_ends_every_worker_on_every_node(cluster: Cluster, job_dir: Path
         time.sleep(0.5)
     pids = [int(p) for p in re.findall(r"READY rank=\d+ pid=(\d+)", out.read_text())]
     assert len(pids) == 4, out.read_text()[-2000:]
+    if per_node == 1:
+        _watching_without_torch(pids)
     cancelled = subprocess.run(["scancel", job_id], env=cluster.env(), capture_output=True, text=True, timeout=30)
     assert cancelled.returncode == 0, cancelled.stderr
     assert cluster.wait_job(job_id, timeout=120) == "CANCELLED"
@@ -290,6 +292,48 @@ def test_scancel_ends_every_worker_on_every_node(cluster: Cluster, job_dir: Path
         # Node 0 says it at once; its closing line ("stopped by SIGTERM") comes after the stacks and
         # the workers' stop, which a loaded machine can stretch past this cluster's KillWait of 5 s.
         assert "hpctorch: SIGTERM received: the workers' stacks, then the workers are stopped" in out.read_text(), out.read_text()[-2000:]
+
+
+def _watching_without_torch(workers: list[int]) -> None:
+    """Every node's watchdog helper (a child of the hpctorch beside these workers) reaches the
+    watchdog's store without importing torch: node 0's hpctorch, which imported torch to serve the
+    master port, serves that store too. Read once each helper holds its connection to the store
+    (after the import it would have made to serve it)."""
+    import psutil
+
+    def helpers() -> list[psutil.Process]:
+        found = []
+        for node in {psutil.Process(pid).ppid() for pid in workers}:
+            for child in psutil.Process(node).children():
+                try:
+                    if "hpctorch.guard.nodewatch" in " ".join(child.cmdline()):
+                        found.append(child)
+                except psutil.NoSuchProcess:  # a probe that ended meanwhile
+                    continue
+        return found
+
+    deadline = time.monotonic() + 120  # a hang guard
+    while True:
+        watching = helpers()
+        connected = [h for h in watching if _established(h.pid)]
+        if len(watching) == 2 and len(connected) == 2:
+            break
+        assert time.monotonic() < deadline, f"{len(watching)} helpers, {len(connected)} connected to the watchdog's store"
+        time.sleep(0.2)
+    assert [any("libtorch" in m.path for m in h.memory_maps()) for h in watching] == [False, False]
+
+
+def _established(pid: int) -> bool:
+    """Whether ``pid`` holds an established TCP connection, read in its own network namespace
+    (psutil reads the caller's /proc/net/tcp)."""
+    import os
+
+    try:
+        sockets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        table = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:  # it ended meanwhile
+        return False
+    return any(fields[3] == "01" and f"socket:[{fields[9]}]" in sockets for fields in (line.split() for line in table))
 
 
 @pytest.mark.parametrize("layout", [["--nproc-per-node", "2"], ["--cpus-per-node", "1"], ["--preempt-signal", "USR1@60", "--requeue"],

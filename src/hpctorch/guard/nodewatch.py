@@ -4,9 +4,11 @@ The supervisor imports no torch, so the watchdog (``JobWatchdog``, the same as u
 agent) runs in a helper process per node, ``python -m hpctorch.nodewatch LOGS STATE STARTUP_S``. It
 imports torch only once the workers have (their agreement is done: ``agreement_worker``), after
 ``START_AFTER_S`` at the latest, or at once when the supervisor reports an end: the workers'
-imports, on the critical path, get the CPU first. Node 0's helper serves the watchdog's store at
-``Plan.watch_port``, a store apart from the workers' (rank 0's, which ends with rank 0): the
-watchdog outlives any worker, as it does in torch's agent.
+imports, on the critical path, get the CPU first. The watchdog's store at ``Plan.watch_port`` is a
+store apart from the workers' (rank 0's, which ends with rank 0): the watchdog outlives any
+worker, as it does in torch's agent. Node 0's supervisor serves it where it has imported torch
+already (it served the master port: ``start.masterport``); else node 0's helper does. Every
+helper reaches it with hpctorch's own client, so only a serving helper imports torch.
 
 Messages are JSON lines. Supervisor to helper: ``{"stacks": [groups, dump]}`` (the survivors'
 stacks, taken by the supervisor before it stopped them), then one ``{"end": "failed", "line":
@@ -29,10 +31,13 @@ from dataclasses import replace
 from typing import IO
 
 from .. import staged
+from ..plan.types import Plan
 
 PLAN_FILE = "plan.json"
 RESULT_FILE = "agreed"
 START_AFTER_S = 5.0
+SERVED_ENV = "HPCTORCH_WATCH_SERVED"
+"""Set for node 0's helper where its supervisor serves the watchdog's store (``serve``)."""
 CONNECT_WAIT_S = 30.0
 """How long a node that failed waits for its helper to reach node 0's store to say so."""
 POLL_S = 0.05
@@ -48,13 +53,14 @@ class Helper:
     """The supervisor's side: starts the helper and talks to it."""
 
     def __init__(self, logs: str, state: str, startup_s: float, stall: tuple[float, str] | None = None,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, served: bool = False) -> None:
         """``logs``: the workers' captured output; ``state``: the node's private directory
         (``paths``); ``stall``: ``--stall-timeout`` and ``--stall-action``, watched by the helper;
-        ``run_id``: node 0's, whose secret the helper serves its store under (a 0600 file in ``state``)."""
+        ``run_id``: node 0's, whose secret the helper serves its store under (a 0600 file in ``state``);
+        ``served``: node 0's supervisor serves the store (``serve``), the helper only watches."""
         watch = [f"{stall[0]:g}", stall[1]] if stall else []
-        env = None
-        if run_id is not None:
+        env = {**os.environ, SERVED_ENV: "1"} if served else None
+        if run_id is not None and not served:
             from .authority import SECRET_FILE_ENV, hand_secret
 
             hand_secret(run_id, os.path.join(state, "watch-secret"))
@@ -152,6 +158,17 @@ def _send(**message: object) -> None:
         sys.stdout.flush()
 
 
+def serve(plan: Plan):  # type: ignore[no-untyped-def]
+    """Node 0: the watchdog's store, served while referenced, with the record by which every node's
+    watchdog authenticates it (under this process's seal for the run: ``authority.node0_seal``)."""
+    from . import authority
+    from .agreement import open_store
+
+    served = open_store(plan, plan.rdzv_timeout, serve=True, port=plan.watch_port)
+    authority.publish(served, replace(plan, master_port=plan.watch_port))
+    return served
+
+
 def _until_needed(result: str, inbox: queue.Queue) -> dict | None:
     """Wait (without torch) until the workers have imported theirs, or the supervisor speaks."""
     deadline = time.monotonic() + START_AFTER_S
@@ -189,7 +206,6 @@ def _ignore_signals() -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    from ..plan.types import Plan
     from ..stacks.job import NodeStacks
 
     _ignore_signals()
@@ -205,18 +221,14 @@ def main(argv: Sequence[str]) -> int:
     if message is not None and message.get("end") in ("finished", "quit"):
         return 0  # over before there was anything to watch
     from . import authority
-    from .agreement import open_store
     from .judge import StallWatch, logged_bytes
     from .straggler_worker import DIR_ENV
     from .stragglers import for_node
     from .watchdog import JobWatchdog
 
     try:
-        # Node 0: the watchdog's store, served while referenced, with the record by which every
-        # node's watchdog authenticates it (under the run's secret, handed over by the supervisor).
-        served = open_store(plan, plan.rdzv_timeout, serve=True, port=plan.watch_port) if plan.is_master else None
-        if served is not None:
-            authority.publish(served, replace(plan, master_port=plan.watch_port))
+        # Node 0, unless its supervisor serves it: under the run's secret, handed over by the supervisor.
+        served = serve(plan) if plan.is_master and not os.environ.get(SERVED_ENV) else None
     except authority.AuthError as exc:
         print(f"hpctorch: the watchdog's store is not served (the job runs without it): {exc.line()}", file=sys.stderr, flush=True)
         return 1

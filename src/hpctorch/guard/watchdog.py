@@ -3,7 +3,7 @@
 torch's static rendezvous serves a TCPStore on the master (multi-tenant), and each
 node's agent is its client. The watchdog is one more client per node, under the key
 prefix ``hpctorch/<run id>/``. Where hpctorch starts the workers itself, the same watchdog
-runs in a helper process per node against a store node 0's helper serves (``nodewatch``).
+runs in a helper process per node against a store node 0 serves (its hpctorch or its helper: ``nodewatch``).
 Its load on the store is constant per node, whatever the node count (shared/DESIGN.md,
 scale rules):
 - every node, every ``POLL_S``: one ``add`` of 0 to the job's ``state`` counter (1: node 0

@@ -78,12 +78,27 @@ def _hold(address: str, port: int) -> socket.socket:
 
 
 def _hold_watch_port(plan: Plan) -> socket.socket:
-    """Node 0: the watchdog's port, held (as ``_reserve``) until its helper serves it."""
+    """Node 0: the watchdog's port, held (as ``_reserve``) until it or its helper serves it (``_serve_watch``)."""
     try:
         return _hold(plan.master_addr or "", plan.watch_port)
     except OSError:
         raise HpctorchError(f"the watchdog's port {plan.watch_port} ({plan.reasons.get('watch_port', 'derived')}) is already in use on this node",
                             "pass another --master-port or --run-id (the port is derived from both)") from None
+
+
+def _serve_watch(plan: Plan):  # type: ignore[no-untyped-def]
+    """Node 0, where this process imported torch already (it served the master port,
+    ``masterport``): the watchdog's store, served here, so the helper need not import torch for it
+    (2-3 CPU-seconds and ~300 MB); None elsewhere, or where it cannot be served here (the helper
+    then tries, and says why not)."""
+    if not plan.is_master or "torch" not in sys.modules:
+        return None
+    from ..guard.nodewatch import serve
+
+    try:
+        return serve(plan)
+    except Exception:  # noqa: BLE001 - torch raises several kinds; the helper tries again and says it
+        return None
 
 
 def _agreement_files(plan: Plan) -> tuple[str, str, str]:
@@ -201,7 +216,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     output = _Output(root, line_prefix(plan) if prefix else "", shown)
     has_lists = any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS"))
     workers: list[subprocess.Popen] = []
-    helper = stalled = None
+    helper = stalled = watch_store = None
     attempt: Attempt | None = None
     received: list[int] = []
     preempted: list[int] = []
@@ -231,8 +246,9 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         if several:
             from ..guard.nodewatch import Helper
 
+            watch_store = _serve_watch(plan)
             helper = Helper(root, files[0], time.time() - started, stall,  # type: ignore[index]
-                            run_id=plan.run_id if plan.is_master else None)
+                            run_id=plan.run_id if plan.is_master else None, served=watch_store is not None)
         else:
             alone = _watch_alone(plan, straggle_dir)
             stalled = _watch_stall_alone(plan, root, stall)
@@ -255,6 +271,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         for socket_held in (held, watch_held):
             if socket_held is not None:
                 socket_held.close()
+        del watch_store  # node 0: once its helper said how the job ended (every node read it, or its wait ran out)
         if files is not None:
             shutil.rmtree(files[0], ignore_errors=True)
         if alone is not None:
