@@ -7,10 +7,14 @@ JUNIT_DIR ?=
 
 .PHONY: demo test bench setup system-deps test-image clean golden docs
 
+# src is compiled as pip compiles a regular install (an editable one is not): where
+# PYTHONDONTWRITEBYTECODE is set (this workplace sets it), every hpctorch process would compile
+# the modules it imports again (~0.2 CPU-s each; the suite starts thousands).
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 numpy
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m compileall -q src
 	touch $@
 
 setup: $(VENV)/.installed
