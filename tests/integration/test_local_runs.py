@@ -18,9 +18,27 @@ from .reports import reports
 REPORT = str(ROOT / "tests" / "fixtures" / "report.py")
 
 
-def test_demo_two_simulated_nodes_of_two_workers_trains() -> None:
-    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "2", str(EXAMPLES / "toy_ddp.py"), "--steps", "8", env=clean_env(), timeout=300)
+# Imported first by every Python process of the job (PYTHONPATH): it notes which of them imports torch.
+IMPORTS_TORCH = """
+import os, sys
+def _hook(event, args, seen=[]):
+    if event == "import" and args[0].partition(".")[0] == "torch" and not seen:
+        seen.append(1)
+        with open(os.environ["TORCH_IMPORTS"], "a") as out:
+            out.write(os.path.basename(sys.argv[0]) + "\\n")
+sys.addaudithook(_hook)
+"""
+
+
+def test_demo_two_simulated_nodes_of_two_workers_trains(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(IMPORTS_TORCH)
+    imports = tmp_path / "imports"
+    done = hpctorch("run", "--simulate-nodes", "2", "--nproc-per-node", "2", str(EXAMPLES / "toy_ddp.py"), "--steps", "8",
+                    env=clean_env(PYTHONPATH=str(tmp_path), TORCH_IMPORTS=str(imports)), timeout=300)
     assert done.returncode == 0, done.stderr
+    # The node agents are forked from hpctorch once it has imported torch's agent: one import for
+    # all of them (not one each), and each worker's own.
+    assert sorted(imports.read_text().split()) == ["__main__.py"] + ["toy_ddp.py"] * 4, imports.read_text()
     ranks = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in unprefixed(done.stdout).splitlines() if line.startswith("rank=")]
     assert sorted(int(r["rank"]) for r in ranks) == [0, 1, 2, 3]
     assert {r["world"] for r in ranks} == {"4"}

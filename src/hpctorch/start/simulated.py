@@ -1,5 +1,12 @@
 """``--simulate-nodes N``: N node agents on this machine, each running the per-node plan a
-real node would get (``launch.run_per_node``), on loopback."""
+real node would get (``launch.run_per_node``), on loopback.
+
+The agents are forked from this process once it has imported torch's agent: the nodes of one
+machine share one import of torch (2-3 CPU-seconds and ~300 MB each, where each real node, another
+machine, makes its own). Started as their own processes instead where
+the workers run another interpreter (``--stage-env``: the copy's), where this process already
+runs threads (a fork copies their locks, not them), or with ``HPCTORCH_FORK_AGENTS=0``.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from ..plan.types import Plan
 from .launch import run_per_node
 from .workers import STOP_GRACE_S, WorkersFailed, signal_groups
 
+FORK_ENV = "HPCTORCH_FORK_AGENTS"
 PLAN_ENV = "HPCTORCH_AGENT_PLAN"
 OUTPUT_ENV = "HPCTORCH_AGENT_OUTPUT"
 SIMULATED_TEARDOWN_S = 15.0
@@ -79,8 +87,9 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
     from .. import timings
     from . import torchlogs
 
-    agents = []
+    agents: list[subprocess.Popen | _Forked] = []
     said = tempfile.mkdtemp(prefix="hpctorch-simulated-")  # 0700, ours: where each agent leaves its closing line
+    forked = _can_fork()
     for node_plan in plan.node_plans:
         env = dict(os.environ)
         env[PLAN_ENV] = json.dumps(node_plan.to_dict())
@@ -92,7 +101,8 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
         if log_dir:
             env["HPCTORCH_AGENT_LOG_DIR"] = os.path.join(log_dir, f"node{node_plan.node_rank}")
         # Each agent leads its own process group, so stopping it reaches its workers too.
-        agents.append(subprocess.Popen([staged.python(), "-m", "hpctorch.start.agent"], env=env, start_new_session=True))
+        agents.append(_fork_agent(env) if forked else subprocess.Popen([staged.python(), "-m", "hpctorch.start.agent"], env=env,
+                                                                       start_new_session=True))
 
     received: list[int] = []
 
@@ -137,3 +147,61 @@ def run_simulated(plan: Plan, log_dir: str | None = None, prefix: bool = True, c
             raise WorkersFailed(f"{line}; the other nodes were stopped", exit_code=code if code > 0 else 1)
     finally:
         shutil.rmtree(said, ignore_errors=True)
+
+
+def _can_fork() -> bool:
+    """Whether the agents can be forked from here (see the module's docstring); if so, what
+    they import first is imported now, once."""
+    import threading
+
+    if os.environ.get(FORK_ENV, "1") == "0" or staged.python() != sys.executable or threading.active_count() > 1 or not hasattr(os, "fork"):
+        return False
+    import importlib
+
+    importlib.import_module("torch.distributed.launcher.api")  # the agents' first import (launch.run_per_node), made once
+    return threading.active_count() == 1  # torch's import started none
+
+
+class _Forked:
+    """A forked agent, as ``run_simulated`` and ``signal_groups`` use a ``Popen``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its code is lost
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def _fork_agent(env: dict[str, str]) -> _Forked:
+    """One agent, forked: in a session of its own, with ``env`` as its environment and the signal
+    dispositions a new interpreter has, it runs as ``python -m hpctorch.start.agent`` would."""
+    sys.stdout.flush()
+    sys.stderr.flush()  # what is buffered here would be written again by each child
+    pid = os.fork()
+    if pid:
+        return _Forked(pid)
+    code = 1
+    try:
+        os.setsid()
+        for sig in (*STOP_SIGNALS, *PREEMPT_SIGNALS):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(env)
+        code = run_agent_from_env()
+    except BaseException:  # noqa: BLE001 - said, then this child ends: it must never return into the parent's code
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # as hpctorch.start.agent: no interpreter teardown of torch, nor of the parent's state
