@@ -56,11 +56,11 @@ class Helper:
                  run_id: str | None = None, served: bool = False) -> None:
         """``logs``: the workers' captured output; ``state``: the node's private directory
         (``paths``); ``stall``: ``--stall-timeout`` and ``--stall-action``, watched by the helper;
-        ``run_id``: node 0's, whose secret the helper serves its store under (a 0600 file in ``state``);
-        ``served``: node 0's supervisor serves the store (``serve``), the helper only watches."""
+        ``run_id``: node 0's where the helper serves the store, under that run's secret (a 0600 file in
+        ``state``); ``served``: node 0's supervisor serves the store (``serve``), the helper only watches."""
         watch = [f"{stall[0]:g}", stall[1]] if stall else []
         env = {**os.environ, SERVED_ENV: "1"} if served else None
-        if run_id is not None and not served:
+        if run_id is not None:
             from .authority import SECRET_FILE_ENV, hand_secret
 
             hand_secret(run_id, os.path.join(state, "watch-secret"))

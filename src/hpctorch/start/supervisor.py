@@ -248,7 +248,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
 
             watch_store = _serve_watch(plan)
             helper = Helper(root, files[0], time.time() - started, stall,  # type: ignore[index]
-                            run_id=plan.run_id if plan.is_master else None, served=watch_store is not None)
+                            run_id=plan.run_id if plan.is_master and watch_store is None else None, served=watch_store is not None)
         else:
             alone = _watch_alone(plan, straggle_dir)
             stalled = _watch_stall_alone(plan, root, stall)
