@@ -5,8 +5,8 @@ from __future__ import annotations
 
 
 def standbys_of(mark: str) -> list[int]:
-    """Live processes started as standbys (hpctorch.start.standby: their command line says so; the
-    zygote they are forked from, named hpctorch-zygote, is not one) by the job whose environment
+    """Live standbys waiting (hpctorch.start.standby: their command line says so, and their name
+    is hpctorch-warm until their go; the zygote they are forked from is hpctorch-zygote) of the job whose environment
     holds JOB_MARK=``mark``: every node of a test shares this machine's /proc."""
     import os
 
@@ -17,8 +17,8 @@ def standbys_of(mark: str) -> list[int]:
                 if b"--standby" not in source.read().split(bytes(1)):
                     continue
             with open(f"/proc/{pid}/comm", "rb") as source:
-                if source.read().strip() == b"hpctorch-zygote":
-                    continue
+                if source.read().strip() != b"hpctorch-warm":
+                    continue  # the zygote (hpctorch-zygote), or a standby that became a worker
             with open(f"/proc/{pid}/environ", "rb") as source:
                 if wanted in source.read().split(bytes(1)):
                     found.append(int(pid))

@@ -113,7 +113,7 @@ def main() -> None:
 
         record_hot_set()
     _apply_lists()
-    warm = sys.argv[1:] == ["--standby"]
+    warm = sys.argv[1:2] == ["--standby"]
     if warm:  # a warm standby (hpctorch.start.standby): imports ahead, then becomes a worker
         from hpctorch.start.standby import after_go, wait_for_go
 

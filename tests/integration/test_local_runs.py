@@ -37,8 +37,9 @@ def test_demo_two_simulated_nodes_of_two_workers_trains(tmp_path: Path) -> None:
                     env=clean_env(PYTHONPATH=str(tmp_path), TORCH_IMPORTS=str(imports)), timeout=300)
     assert done.returncode == 0, done.stderr
     # The node agents are forked from hpctorch once it has imported torch's agent: one import for
-    # all of them (not one each), and each worker's own.
-    assert sorted(imports.read_text().split()) == ["__main__.py"] + ["toy_ddp.py"] * 4, imports.read_text()
+    # all of them (not one each); each node's workers are forked from its zygote, which imported
+    # torch once for the node (not once per worker).
+    assert sorted(imports.read_text().split()) == ["__main__.py"] + ["_worker.py"] * 2, imports.read_text()
     ranks = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in unprefixed(done.stdout).splitlines() if line.startswith("rank=")]
     assert sorted(int(r["rank"]) for r in ranks) == [0, 1, 2, 3]
     assert {r["world"] for r in ranks} == {"4"}

@@ -63,11 +63,11 @@ def test_the_restart_runs_in_the_standbys_with_the_new_attempt_s_ranks(tmp_path:
     first = [r for r in seen if r["attempt"] == "0"]
     again = [r for r in seen if r["attempt"] == "1"]
     assert sorted(r["rank"] for r in again) == ["0", "1"] and {(r["world"], r["sum"]) for r in again} == {("2", "2")}, done.stdout
-    assert {r["standby"] for r in first} == {"False"}
-    assert {r["standby"] for r in again} == {"True"}, done.stdout  # the standby's own command line, its process
-    # Forked, both, from one process of the node that imported torch once; with the thread count
-    # the worker entry gave each local rank, as a new process would have it.
-    assert {r["parent"] for r in again} == {"hpctorch-zygote"} and len({r["ppid"] for r in again}) == 1, again
+    assert {r["standby"] for r in seen} == {"True"}, done.stdout  # the standby's own command line, its process
+    # Every worker, both attempts', forked from one process of the node that imported torch once (the
+    # first attempt's told to go at once, the second's waiting ahead); with the thread count the
+    # worker entry gave each local rank, as a new process would have it.
+    assert {r["parent"] for r in seen} == {"hpctorch-zygote"} and len({r["ppid"] for r in seen}) == 1, seen
     assert {r["threads"] for r in again} == {r["threads"] for r in first}, (first, again)
     died = float(re.search(r"dies at (\S+)", done.stdout).group(1))  # type: ignore[union-attr]
     assert all(float(r["started"]) < died for r in again), (died, again)  # started before the failure: ahead
@@ -79,12 +79,28 @@ def test_the_restart_runs_in_the_standbys_with_the_new_attempt_s_ranks(tmp_path:
     assert len(attempts) == 2 and all(a["first_s"] is not None for a in attempts), attempts
 
 
-def test_with_standbys_off_the_restart_starts_new_processes(tmp_path: Path) -> None:
+def test_with_standbys_off_the_restart_forks_its_workers_once_the_first_died(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     done = hpctorch("run", "--max-restarts", "1", "--nproc-per-node", "2", str(script), env=clean_env(HPCTORCH_STANDBY="0"), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert {r["standby"] for r in _lines(done.stdout)} == {"False"}
+    seen = _lines(done.stdout)
+    again = [r for r in seen if r["attempt"] == "1"]
+    assert {r["parent"] for r in seen} == {"hpctorch-zygote"} and len({r["ppid"] for r in seen}) == 1, seen
+    died = float(re.search(r"dies at (\S+)", done.stdout).group(1))  # type: ignore[union-attr]
+    assert len(again) == 2 and all(float(r["started"]) >= died - 0.02 for r in again), (died, again)  # nothing waited ahead
+    assert "warm standby" not in done.stderr
+
+
+def test_with_standbys_and_forks_off_every_worker_is_a_process_of_its_own(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    done = hpctorch("run", "--max-restarts", "1", "--nproc-per-node", "2", str(script),
+                    env=clean_env(HPCTORCH_STANDBY="0", HPCTORCH_FORK_WORKERS="0"), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = _lines(done.stdout)
+    assert len(seen) == 4 and {r["standby"] for r in seen} == {"False"}, done.stdout
+    assert "hpctorch-zygote" not in {r["parent"] for r in seen} and len({r["ppid"] for r in seen}) == 1, seen  # the node's agent
     assert "warm standby" not in done.stderr
 
 

@@ -244,9 +244,9 @@ def _starter(options: Options, nnodes: int) -> tuple[str, str]:
                 "HPCTORCH_STANDBY=0: off) that becomes its next worker" if options.max_restarts else "")
         return "torch", "torch's elastic agent: " + ", ".join(needs) + warm
     if nnodes > 1:
-        return "hpctorch", ("no restarts: hpctorch starts the workers at once (torch's agent would import torch first); "
+        return "hpctorch", ("no restarts: hpctorch starts the workers, forked from one import of torch (torch's agent imports it, then each worker); "
                             "they meet at rank 0's store, after the nodes' agreement; a helper per node runs the watchdog")
-    return "hpctorch", "one node, no restarts: hpctorch starts the workers itself (torch's agent would import torch first)"
+    return "hpctorch", "one node, no restarts: hpctorch starts the workers, forked from one import of torch (torch's agent imports it, then each worker)"
 
 
 def _rdzv_conf(options: Options, facts: HostFacts, backend: str, master: str | None, nnodes: int) -> dict[str, str]:

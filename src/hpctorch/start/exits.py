@@ -3,9 +3,9 @@
 torch's agent stamps a worker's failure with the whole second it noticed it (``ProcessFailure``,
 ``int(time.time())`` at its next check): a rank that died at 12.99 s and was noticed at 13.05 s
 reads as 13, later than the peer that raised at 12.995 s because of it, and the peer is named
-first. The workers are children of this process (torch's agent runs in it): a thread per worker
-waits for its exit without reaping it (``waitid`` with ``WNOWAIT``: torch's ``Popen.poll`` still
-collects the status) and notes the time.
+first. The workers are children of this process (torch's agent runs in it) or of its zygote: a
+thread per worker waits for its exit without reaping it (``waitid`` with ``WNOWAIT``: torch's
+``Popen.poll`` still collects the status; a pidfd for one the zygote forked) and notes the time.
 """
 
 from __future__ import annotations
@@ -30,10 +30,25 @@ def _wait(pid: int) -> None:
     try:
         os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     except ChildProcessError:
-        pass  # already reaped (torch's poll came first): noted now, a little late
+        _wait_other(pid)  # forked by the node's zygote (start.zygote), or already reaped by torch's poll
     except OSError:
         return
     _exited[pid] = time.time()
+
+
+def _wait_other(pid: int) -> None:
+    """Until ``pid``, not a child of this process, ends: a pidfd turns readable then. Gone already
+    (reaped): noted now, a little late."""
+    import select
+
+    try:
+        descriptor = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return
+    try:
+        select.select([descriptor], [], [])
+    finally:
+        os.close(descriptor)
 
 
 def exited_at(pid: int) -> float | None:

@@ -164,7 +164,8 @@ def run_per_node(
     straggle_dir = stragglers_env(os.environ, plan)  # type: ignore[arg-type]
     from . import standby
 
-    standbys = standby.install(straggle_dir) if standby.enabled(os.environ, plan.max_restarts) else None
+    warm, fork = standby.enabled(os.environ, plan.max_restarts), standby.fork_enabled(os.environ)
+    standbys = standby.install(straggle_dir, warm=warm, fork=fork) if warm or fork else None
     _file_store_env(plan, os.environ)  # type: ignore[arg-type]
     specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)
     config = _launch_config(plan, specs, prefix, seat)
@@ -378,7 +379,7 @@ def _forward_preemption_to_children() -> list[int]:
 
     def forward(signum: int, _frame: object) -> None:
         seen.append(signum)
-        for child in psutil.Process().children():
+        for child in _workers_of(psutil.Process()):
             try:
                 child.send_signal(signum)
             except psutil.Error:
@@ -389,3 +390,24 @@ def _forward_preemption_to_children() -> list[int]:
     return seen
 
 
+def _workers_of(agent):  # type: ignore[no-untyped-def]
+    """The agent's children, and in place of a zygote (``start.zygote``) the workers forked from
+    it; never a standby still waiting (a notice's default action would end it)."""
+    import psutil
+
+    from .standby import NAME as WAITING
+    from .zygote import NAME as ZYGOTE
+
+    found = []
+    for child in agent.children():
+        try:
+            found += child.children() if child.name() == ZYGOTE else [child]
+        except psutil.Error:
+            continue
+    named = []
+    for process in found:
+        try:
+            named += [] if process.name() == WAITING else [process]
+        except psutil.Error:
+            continue
+    return named

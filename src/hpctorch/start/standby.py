@@ -21,14 +21,22 @@ attempt's command line and environment, instead of a new process.
   devices and LOCAL_RANK, read later) gets a zygote of its own; where none can serve, a
   standby is started as its own process as before.
 
-``HPCTORCH_STANDBY=0`` turns it off; ``HPCTORCH_STANDBY=spawn`` starts each standby as its own
-process (no zygote).
+Forked at once: every worker of a Python command, on every attempt (the first too) and under
+either starter (torch's agent, ``SubprocessHandler._popen``; hpctorch's own, ``supervisor``), is a
+standby forked from the node's zygote and told to go at once where none waits: a node imports
+torch once, not once per local rank (2-3 CPU-seconds and a storm of reads of the shared file
+system each). It takes the stdin, stdout and stderr a started worker would have had.
+
+``HPCTORCH_STANDBY=0`` turns the waiting standbys off; ``HPCTORCH_STANDBY=spawn`` starts each
+standby as its own process (no zygote, no worker forked); ``HPCTORCH_FORK_WORKERS=0`` starts every
+worker as its own process, as torch does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -39,9 +47,12 @@ from ..guard.straggler_worker import modules_file
 from . import zygote as zygotes
 
 ENV = "HPCTORCH_STANDBY"
+FORK_ENV = "HPCTORCH_FORK_WORKERS"
 MODULES_ENV = "HPCTORCH_STANDBY_MODULES"
 """In a standby: the file of module names its local rank's worker had imported."""
 FLAG = "--standby"
+NAME = "hpctorch-warm"
+"""A standby's name while it waits (``/proc/PID/comm``: ``ps``, ``top``); a worker has its interpreter's."""
 IMPORT_TIME = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                "PYTHONPATH", "PYTHONHASHSEED", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "LOCAL_RANK",
                "HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS", "HPCTORCH_THREAD_COUNTS", "HPCTORCH_STAGED")
@@ -114,9 +125,11 @@ class Standbys:
     """This node's standbys, by local rank; the command line and environment each local rank's
     worker was last started with (what its next standby is started as)."""
 
-    def __init__(self, directory: str | None, fork: bool = True) -> None:
+    def __init__(self, directory: str | None, fork: bool = True, warm: bool = True, fork_now: bool = False) -> None:
         self.directory = directory
         self.fork = fork
+        self.warm = warm
+        self.fork_now = fork_now and fork
         self.zygotes: dict[tuple[object, ...], zygotes.Zygote] = {}
         self.waiting: dict[int, Standby] = {}
         self.started_as: dict[int, tuple[tuple[str, ...], dict[str, str]]] = {}
@@ -173,7 +186,18 @@ class Standbys:
                     continue
             standby.stop()
 
-    def _forked(self, argv: Sequence[str], env: Mapping[str, str], modules: str | None) -> Standby | None:
+    def start_now(self, argv: Sequence[str], env: Mapping[str, str], given: Sequence[int]) -> subprocess.Popen | None:
+        """This worker, forked from the zygote and told to go at once, with ``given`` as its stdin,
+        stdout and stderr; None to start a process as before (not the worker entry, no zygote)."""
+        standby = self._forked(argv, env, None, given)
+        if standby is None:
+            return None
+        if not standby.go(argv, env, None, None):
+            standby.stop()
+            return None
+        return standby.popen
+
+    def _forked(self, argv: Sequence[str], env: Mapping[str, str], modules: str | None, given: Sequence[int] = ()) -> Standby | None:
         """A standby forked from the zygote for this interpreter and start-time environment (the
         first such standby starts it); None where no zygote can serve."""
         entry = _entry_index(argv)
@@ -184,10 +208,10 @@ class Standbys:
             zygote = self.zygotes.get(key)
             if zygote is None:
                 try:
-                    zygote = self.zygotes[key] = zygotes.Zygote([*argv[:entry + 1], FLAG], _started(env, modules))
+                    zygote = self.zygotes[key] = zygotes.Zygote(_command(argv, entry), _started(env, modules))
                 except OSError:
                     return None
-        popen = zygote.fork(_started(env, modules))
+        popen = zygote.fork(_started(env, modules), given)
         return Standby(popen, argv, env) if popen is not None else None  # type: ignore[arg-type]
 
     def stop(self) -> None:
@@ -207,10 +231,16 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], modules: str | None) -> 
     if entry is None:
         return None  # not hpctorch's worker entry (a --no-python command): nothing to start ahead
     try:
-        popen = subprocess.Popen([*argv[:entry + 1], FLAG], env=_started(env, modules), stdin=subprocess.PIPE, start_new_session=True)
+        popen = subprocess.Popen(_command(argv, entry), env=_started(env, modules), stdin=subprocess.PIPE, start_new_session=True)
     except OSError:
         return None
     return Standby(popen, argv, env)
+
+
+def _command(argv: Sequence[str], entry: int) -> list[str]:
+    """A standby's (or zygote's) command line: the worker's, ``--standby`` after the worker entry,
+    so that ``ps`` and ``pkill -f`` still find a worker forked from it by its script's name."""
+    return [*argv[:entry + 1], FLAG, *argv[entry + 1:]]
 
 
 def _started(env: Mapping[str, str], modules: str | None) -> dict[str, str]:
@@ -225,20 +255,26 @@ _node: Standbys | None = None
 
 
 def enabled(env: Mapping[str, str], max_restarts: int) -> bool:
+    """Waiting standbys, for restarts."""
     return max_restarts > 0 and env.get(ENV, "1") != "0"
 
 
-def install(directory: str | None) -> Standbys:
+def fork_enabled(env: Mapping[str, str]) -> bool:
+    """Workers forked at once from the node's zygote."""
+    return env.get(FORK_ENV, "1") != "0" and env.get(ENV) != "spawn" and hasattr(os, "fork") and hasattr(socket, "send_fds")
+
+
+def install(directory: str | None, warm: bool = True, fork: bool = True) -> Standbys:
     """Around torch's agent: its next worker for a local rank is that rank's standby where one
-    waits (``SubprocessHandler._popen``); after each attempt started (``PContext.start``), the
-    next standbys are prepared."""
+    waits, else (``fork``) one forked and told to go at once (``SubprocessHandler._popen``); after
+    each attempt started (``PContext.start``), the next standbys are prepared (``warm``)."""
     global _node
     import functools
 
     from torch.distributed.elastic.multiprocessing.api import PContext
     from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
 
-    node = _node = Standbys(directory, fork=os.environ.get(ENV) != "spawn")
+    node = _node = Standbys(directory, fork=os.environ.get(ENV) != "spawn", warm=warm, fork_now=fork)
     popen = SubprocessHandler._popen
     if not getattr(popen, "_hpctorch_standby", False):
         @functools.wraps(popen)
@@ -249,6 +285,8 @@ def install(directory: str | None) -> Standbys:
             rank = int(getattr(handler, "local_rank_id", -1))
             taken = current.take(rank, args, env, _name(handler, "_stdout"), _name(handler, "_stderr"))
             current.note(rank, args, env)
+            if taken is None and current.fork_now:
+                taken = current.start_now(args, env, (0, _fileno(handler, "_stdout", 1), _fileno(handler, "_stderr", 2)))
             return taken if taken is not None else popen(handler, args, env)
 
         _popen._hpctorch_standby = True  # type: ignore[attr-defined]
@@ -266,7 +304,8 @@ def install(directory: str | None) -> Standbys:
                     if warm:
                         print(f"hpctorch: {warm} of {len(pids)} worker(s) of this attempt run in their warm standby (torch and the "
                               "packages imported ahead)", file=sys.stderr, flush=True)
-                    current.prepare_after_progress(pids)
+                    if current.warm:
+                        current.prepare_after_progress(pids)
                 except Exception:  # noqa: BLE001 - torch's names moved: restarts start new processes
                     pass
             return result
@@ -283,6 +322,15 @@ def uninstall() -> None:
     _node = None
 
 
+def _fileno(handler: object, attribute: str, inherited: int) -> int:
+    """The descriptor torch opened for a worker's output, else the one a started worker inherits."""
+    opened = getattr(handler, attribute, None)
+    try:
+        return opened.fileno() if opened is not None else inherited
+    except (AttributeError, OSError, ValueError):
+        return inherited
+
+
 def _name(handler: object, attribute: str) -> str | None:
     opened = getattr(handler, attribute, None)
     name = getattr(opened, "name", None)
@@ -294,6 +342,7 @@ def wait_for_go() -> None:
     become the worker it names (environment, folder, output, arguments); end-of-file: exit. In a
     zygote (``start.zygote``): import torch, then fork standbys; this returns in each of them."""
     global _forked
+    named = zygotes._name(NAME)
     kept = (os.dup(1), os.dup(2))
     quiet = os.open(os.devnull, os.O_WRONLY)
     os.dup2(quiet, 1)
@@ -301,11 +350,12 @@ def wait_for_go() -> None:
     # Not from the worker entry's own folder (hpctorch/: its progress.py, errors.py...), which
     # python put first: a package of the same name must be the installed one.
     entry_folder = sys.path.pop(0)
+    given: tuple[int, ...] = ()
     if os.environ.get(zygotes.ENV):
         # torch alone before the forks: the worker's own packages may start threads or a CUDA
         # driver at import, which a forked child would lack or could not use.
         _import_ahead(None)
-        zygotes.serve()
+        given = zygotes.serve()
         _forked = True
         if "numpy.random" in sys.modules:  # its global state, seeded once in the zygote, is each rank's own again
             sys.modules["numpy.random"].seed()
@@ -316,13 +366,23 @@ def wait_for_go() -> None:
     if not line:
         os._exit(0)
     go = json.loads(line)
+    zygotes._name(named)
     os.environ.clear()
     os.environ.update(go["env"])
     os.chdir(go["cwd"])
-    for fd, path, inherited in ((1, go["stdout"], kept[0]), (2, go["stderr"], kept[1])):
+    # Forked at once, it takes what a started worker would have had; a standby, what it was started with.
+    stdin, outputs = (given[0], given[1:]) if len(given) == 3 else (os.open(os.devnull, os.O_RDONLY), kept)
+    opened = []
+    for fd, path, inherited in ((1, go["stdout"], outputs[0]), (2, go["stderr"], outputs[1])):
         target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else inherited
+        opened += [target] if path else []
         os.dup2(target, fd)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(stdin, 0)
+    for fd in {quiet, stdin, *kept, *given, *opened} - {0, 1, 2}:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     sys.argv = [sys.argv[0], *go["argv"]]
 
 

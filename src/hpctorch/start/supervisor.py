@@ -9,7 +9,9 @@ This keeps everything else: torchrun's environment contract, each worker through
 ``_worker.py`` (CPU and device lists, the faulthandler fallback), ``[rank R]:`` prefixed
 output with a copy per rank in the log directory (torch's layout), the first failure named
 with the survivors' stacks, the others stopped (SIGTERM, SIGKILL after ``STOP_GRACE_S``),
-signals passed on, the closing summary.
+signals passed on, the closing summary. A Python command's workers are forked from one process
+that imported torch once for the node (``standby.Standbys.start_now``): one import per node, not
+one per local rank; ``HPCTORCH_FORK_WORKERS=0`` starts each as its own process.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ..guard.goodput import Attempt, first_collective
 from ..host.signals import PREEMPT_SIGNALS, STOP_SIGNALS
 from ..plan.types import Plan
 from ..plan.workerenv import torch_contract
-from . import masterport
+from . import masterport, standby
 from .raised import raised_at
 from .workers import (
     STOP_GRACE_S,
@@ -216,6 +218,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     output = _Output(root, line_prefix(plan) if prefix else "", shown)
     has_lists = any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS"))
     workers: list[subprocess.Popen] = []
+    forks = standby.Standbys(None, warm=False, fork_now=True) if standby.fork_enabled(os.environ) else None
     helper = stalled = watch_store = None
     attempt: Attempt | None = None
     received: list[int] = []
@@ -236,10 +239,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
                 env.update({RESULT_ENV: files[2], WAIT_ENV: str(plan.rdzv_timeout + 60), **({AGREEMENT_ENV: files[1]} if local == 0 else {})})
                 if local == 0 and plan.is_master and masterport.held():  # rank 0 asks for the port this process serves
                     env.update(masterport.hand_over(files[0], plan.run_id, plan.rdzv_timeout + 60))
-            try:
-                process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-            except OSError as exc:
-                raise HpctorchError(f"cannot start {command[0]!r}: {exc.strerror}", "check the command and PATH") from None
+            process = _start(command, env, forks)
             workers.append(process)
             output.follow(worker.rank, local, process.stdout, sys.stdout, "stdout.log")  # type: ignore[arg-type]
             output.follow(worker.rank, local, process.stderr, sys.stderr, "stderr.log")  # type: ignore[arg-type]
@@ -280,6 +280,8 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
             stalled.stop()
         if straggle_dir:
             shutil.rmtree(straggle_dir, ignore_errors=True)
+        if forks is not None:
+            forks.stop()  # once its children's exit codes are in: the zygote relays them
     output.drain()
     logs: str | None = os.path.dirname(root)
     if log_dir is None and failure is None:  # a temporary folder nobody asked for: the console had it all
@@ -295,6 +297,26 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     requeue_if_preempted(plan, preempted, requeue)  # after the summary: the requeue ends this process (its scheduler's SIGTERM)
     if failure is not None:
         raise failure
+
+
+def _start(command: Sequence[str], env: dict[str, str], forks: standby.Standbys | None) -> subprocess.Popen:
+    """A worker, its output piped here: forked from the node's zygote where it can be, else started."""
+    if forks is not None:
+        pipes = [os.pipe(), os.pipe()]
+        try:
+            process = forks.start_now(command, env, (0, pipes[0][1], pipes[1][1]))
+        finally:
+            for _, write in pipes:
+                os.close(write)
+        if process is not None:
+            process.stdout, process.stderr = (os.fdopen(read, "rb") for read, _ in pipes)
+            return process
+        for read, _ in pipes:
+            os.close(read)
+    try:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise HpctorchError(f"cannot start {command[0]!r}: {exc.strerror}", "check the command and PATH") from None
 
 
 class _ExitClock(threading.Thread):

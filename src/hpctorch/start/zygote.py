@@ -7,8 +7,11 @@ siblings until it writes them.
   environment) with ``HPCTORCH_STANDBY_ZYGOTE`` naming its end of a Unix socket pair; it imports
   ahead as a standby does, then serves. Its name (``/proc/PID/comm``) is ``hpctorch-zygote``.
 - A fork: the agent sends the standby's environment and the read end of the standby's stdin pipe
-  (SCM_RIGHTS); the zygote forks; the child starts its own session, takes that pipe as stdin and
-  that environment, and goes on as a standby; the zygote answers with the child's pid.
+  (SCM_RIGHTS), and for a worker forked at once (``start.forked``) the stdin, stdout and stderr
+  it is to have after the go; the zygote forks; the child starts its own session, takes that pipe
+  as stdin and that environment, and goes on as a standby; the zygote answers with the child's pid.
+- Preemption notices (SIGUSR1, SIGUSR2) are ignored by the zygote, whose children are workers: a
+  notice meant for them must not end it; each child has them as a fresh interpreter does.
 - Exits: the standby is the zygote's child, so the zygote reaps it (SIGCHLD wakes it) and sends
   its exit code; the agent's ``Forked`` holds it for torch's agent, which sees a ``Popen``: pid,
   ``poll``, ``wait``, signals to the pid and its process group.
@@ -124,8 +127,9 @@ class Zygote:
         self.gone = False
         threading.Thread(target=self._listen, name="hpctorch-zygote", daemon=True).start()
 
-    def fork(self, env: Mapping[str, str]) -> Forked | None:
-        """A standby with ``env``, forked; None where the zygote cannot (gone, or not ready in time)."""
+    def fork(self, env: Mapping[str, str], given: Sequence[int] = ()) -> Forked | None:
+        """A standby with ``env``, forked; None where the zygote cannot (gone, or not ready in time).
+        ``given``: the stdin, stdout and stderr it takes after its go (``wait_for_go``)."""
         message = json.dumps({"env": dict(env)}).encode()
         if self.gone or len(message) > MESSAGE_BYTES:
             return None
@@ -133,7 +137,7 @@ class Zygote:
         try:
             with self._asking:
                 try:
-                    socket.send_fds(self._socket, [message], [read])
+                    socket.send_fds(self._socket, [message], [read, *given])
                 except OSError:
                     return None
                 finally:
@@ -216,10 +220,10 @@ class Zygote:
             pass
 
 
-def serve() -> None:
+def serve() -> tuple[int, ...]:
     """In the zygote, once it imported ahead: fork a standby per request. Returns only in a
-    child, which is then a standby with the environment it was sent; the zygote itself exits
-    when the agent goes."""
+    child, which is then a standby with the environment it was sent, with the descriptors it was
+    given for after its go; the zygote itself exits when the agent goes."""
     channel = socket.socket(fileno=int(os.environ.pop(ENV)))
     comm = _name(NAME)
     wake_read, wake_write = os.pipe()
@@ -227,6 +231,9 @@ def serve() -> None:
     os.set_blocking(wake_write, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd is written
     signal.set_wakeup_fd(wake_write)
+    notices = [sig for sig in (getattr(signal, "SIGUSR1", None), getattr(signal, "SIGUSR2", None)) if sig is not None]
+    for sig in notices:
+        signal.signal(sig, signal.SIG_IGN)
     while True:
         ready, _, _ = select.select([channel, wake_read], [], [])
         if wake_read in ready:
@@ -240,17 +247,18 @@ def serve() -> None:
         if channel not in ready:
             continue
         try:
-            message, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_BYTES, 1)
+            message, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_BYTES, 4)
         except OSError:
             message, fds = b"", []
-        if not message:
+        if not message or not fds:
             os._exit(0)  # the agent is gone: so are the standbys' stdin, and they end themselves
         request = json.loads(message)
         settled_read, settled_write = os.pipe()
         pid = os.fork()
         if pid == 0:
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for sig in (signal.SIGCHLD, *notices):
+                signal.signal(sig, signal.SIG_DFL)
             for fd in (wake_read, wake_write, settled_read):
                 os.close(fd)
             channel.close()
@@ -261,7 +269,7 @@ def serve() -> None:
             os.environ.clear()
             os.environ.update(request["env"])
             _name(comm)
-            return
+            return tuple(fds[1:])
         for fd in (*fds, settled_write):
             os.close(fd)
         os.read(settled_read, 1)  # end-of-file: the child is in its own session (or gone)
