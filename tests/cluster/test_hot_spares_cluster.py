@@ -61,19 +61,20 @@ def test_a_hot_spare_never_needed_leaves_when_the_job_ends(cluster: Cluster, job
 
 
 def _kill_node(cluster: Cluster, node: str) -> int:
-    """A node lost whole: every hpctorch process on it (the agent, its workers, any warm standby
-    waiting for a restart) killed at once; how many of them were the agent and its workers."""
+    """A node lost whole: every hpctorch process on it (the agent, its workers, the zygote they are
+    forked from, any warm standby waiting for a restart) killed at once; how many of them were the
+    agent and its workers (by name: the zygote's and a waiting standby's are hpctorch's own)."""
     pids = subprocess.run(["ip", "netns", "pids", cluster.netns(node)], capture_output=True, text=True, timeout=10).stdout.split()
     killed = 0
     for pid in map(int, pids):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                command = handle.read().replace(b"\0", b" ")
+            with open(f"/proc/{pid}/cmdline", "rb") as handle, open(f"/proc/{pid}/comm", "rb") as comm:
+                command, name = handle.read().replace(b"\0", b" "), comm.read().strip()
         except OSError:
             continue
         if b"-m hpctorch " in command or b"_worker.py" in command:  # not slurmd, whose configuration path names hpctorch
             os.kill(pid, signal.SIGKILL)
-            killed += not command.rstrip().endswith(b"--standby")
+            killed += name not in (b"hpctorch-zygote", b"hpctorch-warm")
     return killed
 
 

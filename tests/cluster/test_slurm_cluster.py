@@ -168,7 +168,7 @@ dist.destroy_process_group()
 
 def test_a_warm_restart_runs_the_script_in_each_nodes_standbys(cluster: Cluster, job_dir: Path) -> None:
     """#43: after rank 3 (node2) dies, every rank of the next attempt, on both nodes, is a process
-    started before the failure as a standby (its command line), with the new attempt's world and sum."""
+    started before the failure as a standby (its start time), with the new attempt's world and sum."""
     script = job_dir / "warm.py"
     script.write_text(WARM)
     srun = ("sh", "-c", 'cd "$0" && exec "$@"', str(job_dir), "srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
@@ -180,7 +180,9 @@ def test_a_warm_restart_runs_the_script_in_each_nodes_standbys(cluster: Cluster,
     again = [r for r in seen if r["attempt"] == "1"]
     assert sorted(r["rank"] for r in first) == sorted(r["rank"] for r in again) == ["0", "1", "2", "3"], done.stdout[-3000:]
     assert {(r["world"], r["sum"]) for r in again} == {("4", "4")}, again
-    assert {r["standby"] for r in first} == {"False"} and {r["standby"] for r in again} == {"True"}, seen
+    # Every worker is forked from its node's zygote (the first attempt's told to go at once); the next
+    # attempt's waited ahead of the failure.
+    assert {r["standby"] for r in seen} == {"True"}, seen
     assert {r["host"] for r in again} == {"node1", "node2"}
     died = float(re.search(r"dies at (\S+)", done.stdout).group(1))  # type: ignore[union-attr]
     assert all(float(r["started"]) < died for r in again), (died, again)  # started ahead of the failure
@@ -302,15 +304,22 @@ def _watching_without_torch(workers: list[int]) -> None:
     import psutil
 
     def helpers() -> list[psutil.Process]:
-        found = []
-        for node in {psutil.Process(pid).ppid() for pid in workers}:
-            for child in psutil.Process(node).children():
-                try:
-                    if "hpctorch.guard.nodewatch" in " ".join(child.cmdline()):
-                        found.append(child)
-                except psutil.NoSuchProcess:  # a probe that ended meanwhile
-                    continue
-        return found
+        """The helpers beside the workers' hpctorch: their nearest ancestor with one (the workers
+        are its children, or its zygote's)."""
+        found: dict[int, psutil.Process] = {}
+        for worker in workers:
+            for ancestor in psutil.Process(worker).parents():
+                beside = []
+                for child in ancestor.children():
+                    try:
+                        if "hpctorch.guard.nodewatch" in " ".join(child.cmdline()):
+                            beside.append(child)
+                    except psutil.NoSuchProcess:  # a probe that ended meanwhile
+                        continue
+                if beside:
+                    found.update((helper.pid, helper) for helper in beside)
+                    break
+        return list(found.values())
 
     deadline = time.monotonic() + 120  # a hang guard
     while True:

@@ -110,7 +110,7 @@ def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spare
         folder.mkdir(mode=0o755)
     # 3 ranks per node: what remains with staging is hpctorch's own start (~260 calls: Python's and
     # hpctorch's imports before the copy is there), the same per node whatever the rank count;
-    # each rank's torch import (~15,000 calls) is what staging spares.
+    # the node's import of torch (~15,000 calls, once: its ranks are forked) is what staging spares.
     state, output = job(cluster, plain_dir, trace=True, per_node=3)
     assert state == "COMPLETED", output[-3000:]
     assert {r["torch"].startswith(ROOTS) for r in ranks(output)} == {True}
@@ -129,7 +129,7 @@ def test_every_rank_imports_from_its_own_nodes_copy_and_the_shared_path_is_spare
     without, with_staging = environment_calls(plain_dir / "trace"), environment_calls(staged_dir / "trace")
     print(f"node3's file-system calls on {', '.join(ROOTS)}: {without} without staging, {with_staging} with "
           f"({100 * with_staging / without:.2f}%)")
-    assert without > 30_000, without  # three ranks importing torch
+    assert without > 10_000, without  # the node's one import of torch (the zygote its three ranks are forked from)
     assert with_staging <= 0.02 * without, (with_staging, without)
     assert with_staging < 300, with_staging  # hpctorch's own start before the copy (docs/staging.md, "What it costs")
 

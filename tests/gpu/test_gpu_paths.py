@@ -166,3 +166,28 @@ def test_a_warm_restart_runs_in_a_standby_whose_cuda_context_is_made(tmp_path) -
         fields = dict(re.findall(r"(\w+)=(\S+)", line))
         assert fields["warm"] == "True" and fields["standby"] == "True" and fields["sum"] == str(count), line
         assert fields["device"] == str(int(fields["rank"]) % count), line
+
+
+def test_forked_workers_make_their_cuda_context_where_their_script_asks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Workers forked from the node's zygote (one import of torch per node): the zygote never touches
+    CUDA (a fork after it would break), no worker has a context before its script's first CUDA call
+    (none on another rank's device), and NCCL works in them."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os, torch, torch.distributed as dist
+        before = torch.cuda.is_initialized()
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        total = torch.ones(1, device="cuda")
+        dist.all_reduce(total)
+        with open(f"/proc/{os.getppid()}/comm") as parent:
+            print(f"rank={dist.get_rank()} before={before} parent={parent.read().strip()} sum={total.item():.0f}", flush=True)
+        dist.destroy_process_group()
+    """))
+    count = torch.cuda.device_count()
+    done = subprocess.run([sys.executable, "-m", "hpctorch", "run", "--nproc-per-node", str(count), str(script)],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    print(done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == 0
+    seen = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in done.stdout.splitlines() if "before=" in line]
+    assert len(seen) == count and all(r["before"] == "False" and r["parent"] == "hpctorch-zygote" and r["sum"] == str(count) for r in seen), seen

@@ -51,6 +51,39 @@ def test_demo_two_simulated_nodes_of_two_workers_trains(tmp_path: Path) -> None:
     assert "done world=4 steps=8" in done.stdout
 
 
+WHO = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+with open(f"/proc/{os.getppid()}/comm") as parent, open("/proc/self/cmdline", "rb") as cmdline:
+    print(f"rank={dist.get_rank()} parent={parent.read().strip()} ppid={os.getppid()} script={b'who.py' in cmdline.read()}", flush=True)
+print(f"err rank={dist.get_rank()}", file=sys.stderr, flush=True)
+dist.barrier()
+rank = dist.get_rank()
+dist.destroy_process_group()
+sys.exit(int(os.environ.get("EXIT_RANK_1", "0")) if rank == 1 else 0)
+"""
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "HPCTORCH_FORK_WORKERS=0"])
+def test_one_nodes_workers_are_forked_from_one_import_of_torch(tmp_path: Path, forked: bool) -> None:
+    """hpctorch's own starter forks a node's workers from one process that imported torch once: one
+    import for the node, not one per local rank; each worker keeps the script in its command line
+    (ps, pkill -f), its output prefixed, its exit code its own."""
+    (tmp_path / "sitecustomize.py").write_text(IMPORTS_TORCH)
+    (tmp_path / "who.py").write_text(WHO)
+    imports = tmp_path / "imports"
+    env = clean_env(PYTHONPATH=str(tmp_path), TORCH_IMPORTS=str(imports), EXIT_RANK_1="3", **({} if forked else {"HPCTORCH_FORK_WORKERS": "0"}))
+    done = hpctorch("run", "--nproc-per-node", "3", str(tmp_path / "who.py"), env=env, timeout=300)
+    assert done.returncode == 1 and "rank 1 (local rank 1) exited with code 3" in done.stderr.splitlines()[-1], done.stderr
+    assert sorted(imports.read_text().split()) == (["_worker.py"] if forked else ["who.py"] * 3), imports.read_text()
+    ranks = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in done.stdout.splitlines() if "parent=" in line]
+    assert sorted(r["rank"] for r in ranks) == ["0", "1", "2"] and {r["script"] for r in ranks} == {"True"}, done.stdout
+    parents = {(r["parent"], r["ppid"]) for r in ranks}
+    assert len(parents) == 1 and (next(iter(parents))[0] == "hpctorch-zygote") == forked, parents
+    assert sorted(line for line in done.stderr.splitlines() if "err rank=" in line) == [f"[rank {r}]: err rank={r}" for r in range(3)]
+
+
 def test_workers_get_exactly_the_planned_environment() -> None:
     args = ("--nproc-per-node", "2", "--run-id", "envcheck")
     planned = json.loads(hpctorch("plan", "--json", *args, REPORT, env=clean_env()).stdout)

@@ -40,6 +40,8 @@ SERVED_ENV = "HPCTORCH_WATCH_SERVED"
 """Set for node 0's helper where its supervisor serves the watchdog's store (``serve``)."""
 CONNECT_WAIT_S = 30.0
 """How long a node that failed waits for its helper to reach node 0's store to say so."""
+FAILING_WAIT_S = 2.0
+"""How long a failed node holds its survivors for the helper to put the failure in the store first."""
 POLL_S = 0.05
 
 
@@ -69,6 +71,7 @@ class Helper:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, env=env)
         self.inbox: queue.Queue[dict | None] = queue.Queue()
         self.connected = False
+        self.recorded = False
         self.abort: str | None = None
         self.final: dict = {}
         threading.Thread(target=_read, args=(self.process.stdout, self.inbox), daemon=True).start()
@@ -87,11 +90,33 @@ class Helper:
         if message is None:
             return
         self.connected = self.connected or bool(message.get("connected"))
+        self.recorded = self.recorded or "recorded" in message  # answered, whether or not it got in
         self.abort = self.abort or message.get("abort")
         if "final" in message:  # JSON keys are strings; node numbers are not
             self.final = {"final": {kind: {int(n): v for n, v in values.items()} if isinstance(values, dict) else values
                                     for kind, values in message["final"].items()},
                           "teardown": message.get("teardown") or []}
+
+    def failing(self, line: str, at: float | None, wait_s: float = FAILING_WAIT_S) -> None:
+        """Tell every node of this node's failure before its survivors are stopped: until the helper
+        says it is in the store, ``wait_s`` at most (nothing to wait for where it never connected)."""
+        if self.process.stdin is None or self.process.stdin.closed:
+            return
+        self.poll()
+        try:
+            self._send({"failing": line, "at": at})
+        except OSError:
+            return
+        deadline = time.monotonic() + wait_s
+        while not self.recorded and time.monotonic() < deadline:
+            try:
+                message = self.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if message is None:
+                self.inbox.put(None)  # the helper's end, for end() to see too
+                break
+            self._take(message)
 
     def end(self, how: str, line: str = "", stacks: tuple[list[dict], str | None] | None = None, wait_s: float = 15.0,
             at: float | None = None) -> dict:
@@ -247,6 +272,10 @@ def main(argv: Sequence[str]) -> int:
     while message is None or "end" not in message:
         if message is not None and "stacks" in message:
             stacks.teardown = (message["stacks"][0], message["stacks"][1])
+        if message is not None and "failing" in message:
+            at = message.get("at")
+            watchdog.connected.wait(FAILING_WAIT_S)
+            _send(recorded=watchdog.record_failure(message["failing"], float(at) if isinstance(at, (int, float)) else None))
         message = inbox.get() or {"end": "quit"}  # None: the supervisor is gone
     how = message["end"]
     if how in ("failed", "aborted"):

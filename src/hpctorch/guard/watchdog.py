@@ -99,6 +99,7 @@ class JobWatchdog:
         """This run's seal, once node 0's record in the watched store authenticated: the abort is sealed."""
         self._forged: set[bytes] = set()
         self._acked = False
+        self._recorded = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpctorch-watchdog", daemon=True)
         # Sizing the logs and taking stacks can block (a stalled shared file system, py-spy, the
@@ -142,8 +143,25 @@ class JobWatchdog:
 
     def report_failure(self, summary: str, at: float | None = None) -> None:
         """Tell every node that this one failed (best effort: the store may be gone); ``at`` (wall
-        clock), when its rank raised or died, goes into a failure record for node 0's closing line."""
+        clock), when its rank raised or died, goes into a failure record for every node's closing
+        line (node 0's, and a failed node's own: the first failure in time among the first recorded)."""
         self._finish(self.prefix + "abort", summary, at)
+
+    def record_failure(self, summary: str, at: float | None) -> bool:
+        """Tell every node now, before this node stops its surviving workers (node 0's hold rank 0's
+        store: its peers elsewhere would break on it and name themselves); ``report_failure`` later
+        writes it no more. False when this node reached no store (yet)."""
+        store = self._store
+        if store is None or self._seal is None or self._recorded:
+            return self._recorded
+        try:
+            self._set_abort(store, summary)
+            if at is not None:
+                self._record_failure(store, summary, at)
+        except Exception:  # noqa: BLE001 - the store's host may be gone: said again at the end
+            return False
+        self._recorded = True
+        return True
 
     def _set_abort(self, store, reason: str) -> None:  # type: ignore[no-untyped-def]
         key = self.prefix + "abort"
@@ -159,7 +177,8 @@ class JobWatchdog:
         store.set(record, self._seal.seal(record, text))  # type: ignore[union-attr]
 
     def _read_failures(self, store) -> dict[int, object]:  # type: ignore[no-untyped-def]
-        """Node 0: the failure records this job wrote (the first ``FAILURES_READ``), by number."""
+        """The failure records this job wrote (the first ``FAILURES_READ``), by number: node 0 at
+        the end, a failed node once its own is in."""
         from .authority import AuthError
 
         count = min(int(store.add(self.prefix + "failures", 0)), FAILURES_READ)
@@ -225,10 +244,15 @@ class JobWatchdog:
             return
         try:
             if key is not None and key.endswith("abort"):
-                self._set_abort(store, value)
-                if failed_at is not None:
-                    self._record_failure(store, value, failed_at)
+                if not self._recorded:
+                    self._set_abort(store, value)
+                    if failed_at is not None:
+                        self._record_failure(store, value, failed_at)
                 self._ack(store)
+                if failed_at is not None and not self.plan.is_master:
+                    failures = self._read_failures(store)  # this node's line names an earlier failure elsewhere
+                    if failures:
+                        self.final["failures"] = failures
             elif key is not None:
                 if self.stragglers is not None and value == DONE.decode():
                     self.stragglers.publish_final(store)  # before "done": node 0 reads every node's once all are done

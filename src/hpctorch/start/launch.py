@@ -312,8 +312,7 @@ def run_per_node(
     if log_dir is None and failure is None and os.path.basename(logs).startswith("torchelastic_"):
         shutil.rmtree(logs, ignore_errors=True)  # torch's temporary folder, nobody asked for it: the console had it all
         logs = None
-    if plan.is_master:
-        failure = first_reported(failure, watchdog.final.get("failures"))
+    failure = first_reported(failure, watchdog.final.get("failures"))  # node 0 reads them all; a failed node, once its own is in
     if plan.is_master and (summary_json or not quiet):
         from ..guard.summary import report
 

@@ -188,7 +188,10 @@ class Standbys:
 
     def start_now(self, argv: Sequence[str], env: Mapping[str, str], given: Sequence[int]) -> subprocess.Popen | None:
         """This worker, forked from the zygote and told to go at once, with ``given`` as its stdin,
-        stdout and stderr; None to start a process as before (not the worker entry, no zygote)."""
+        stdout and stderr; None to start a process as before (not a Python worker, no zygote)."""
+        entry = _entry_index(argv)
+        if entry is None or list(argv[entry + 1:entry + 2]) == ["--exec"]:
+            return None  # another command: torch imported for it would be imported in vain
         standby = self._forked(argv, env, None, given)
         if standby is None:
             return None
@@ -342,7 +345,6 @@ def wait_for_go() -> None:
     become the worker it names (environment, folder, output, arguments); end-of-file: exit. In a
     zygote (``start.zygote``): import torch, then fork standbys; this returns in each of them."""
     global _forked
-    named = zygotes._name(NAME)
     kept = (os.dup(1), os.dup(2))
     quiet = os.open(os.devnull, os.O_WRONLY)
     os.dup2(quiet, 1)
@@ -359,14 +361,16 @@ def wait_for_go() -> None:
         _forked = True
         if "numpy.random" in sys.modules:  # its global state, seeded once in the zygote, is each rank's own again
             sys.modules["numpy.random"].seed()
+    named = zygotes.rename(NAME)
     _import_ahead(os.environ.get(MODULES_ENV))
-    _cuda_context()
+    if not given:  # forked to go at once, it makes a context when, and where, its script asks (nothing to gain ahead)
+        _cuda_context()
     sys.path.insert(0, entry_folder)  # replaced by the script's folder as the worker runs it
     line = sys.stdin.buffer.readline()
     if not line:
         os._exit(0)
     go = json.loads(line)
-    zygotes._name(named)
+    zygotes.rename(named)
     os.environ.clear()
     os.environ.update(go["env"])
     os.chdir(go["cwd"])

@@ -287,8 +287,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     if log_dir is None and failure is None:  # a temporary folder nobody asked for: the console had it all
         shutil.rmtree(os.path.dirname(logs), ignore_errors=True)
         logs = None
-    if plan.is_master:
-        failure = first_reported(failure, final.get("failures"))
+    failure = first_reported(failure, final.get("failures"))  # node 0 reads them all; a failed node, once its own is in
     if plan.is_master and (not quiet or summary_json):
         from ..guard.summary import report
 
@@ -384,6 +383,11 @@ def _wait(plan: Plan, workers: Sequence[subprocess.Popen], exits: Sequence[_Exit
         # Said at once: the launcher's SIGKILL may follow within seconds (Slurm's KillWait), before the closing line.
         print(f"hpctorch: {signal.Signals(received[0]).name} received: the workers' stacks, then the workers are stopped",
               file=sys.stderr, flush=True)
+    if helper is not None and failed is not None and not received and not aborted and read_agreement(result) is None:
+        # Told before the survivors stop: node 0's hold rank 0's store, and the peers elsewhere would
+        # break on it first and name themselves.
+        early = _failure(plan, workers, received, root, failed, aborted, exits)
+        helper.failing(early.line, early.at)
     from ..stacks.job import NodeStacks
 
     stacks = NodeStacks(plan, os.environ.get("HPCTORCH_STACKS_METHOD", "auto"))

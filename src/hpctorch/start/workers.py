@@ -33,10 +33,11 @@ class WorkersFailed(Exception):
 
 
 def first_reported(own: WorkersFailed | None, reported: object) -> WorkersFailed | None:
-    """Node 0's closing line names the job's first failure: its own rank's, or one that another
-    node reported as earlier (``watchdog`` failure records: line and time). A rank of node 0 broken
-    by a peer that raised (``Connection closed by peer``) often dies before that peer's node has
-    told anyone. A stop of node 0 (a signal, an abort, a silent node) is said as it is."""
+    """A node's closing line names the job's first failure: its own rank's, or one that another
+    node reported as earlier (``watchdog`` failure records: line and time; node 0 reads them at the
+    end, a failed node once its own is in). A rank broken by a peer that raised (``Connection closed
+    by peer``) often dies before that peer's node has told anyone. A stop (a signal, an abort, a
+    silent node) is said as it is."""
     if own is None or own.at is None or not isinstance(reported, dict):
         return own
     records = [r for r in reported.values() if isinstance(r, dict) and isinstance(r.get("at"), (int, float))

@@ -225,7 +225,7 @@ def serve() -> tuple[int, ...]:
     child, which is then a standby with the environment it was sent, with the descriptors it was
     given for after its go; the zygote itself exits when the agent goes."""
     channel = socket.socket(fileno=int(os.environ.pop(ENV)))
-    comm = _name(NAME)
+    comm = rename(NAME)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
@@ -268,7 +268,7 @@ def serve() -> tuple[int, ...]:
             os.close(fds[0])
             os.environ.clear()
             os.environ.update(request["env"])
-            _name(comm)
+            rename(comm)
             return tuple(fds[1:])
         for fd in (*fds, settled_write):
             os.close(fd)
@@ -294,7 +294,7 @@ def _reap(channel: socket.socket) -> None:
             os._exit(0)
 
 
-def _name(name: str) -> str:
+def rename(name: str) -> str:
     """This process's name as ``ps`` and ``top`` show it; the one it had."""
     try:
         with open("/proc/self/comm", "r+", encoding="utf-8") as comm:
