@@ -44,3 +44,11 @@ def test_the_go_names_what_the_worker_entry_runs_and_where_its_output_goes() -> 
     popen.wait(60)
     assert go["argv"] == ["train.py", "--lr", "1"] and go["env"] == {"RANK": "3"}
     assert go["stdout"] == "/logs/0/stdout.log" and go["stderr"] is None
+
+
+def test_a_forked_worker_tells_the_stacks_readers_every_variable_its_start_lacked() -> None:
+    """Its /proc environ is its zygote's (local rank 0's, without the attempt's variables): the rank
+    file holds every one of those, so ``hpctorch stacks`` finds its rank, node count and store."""
+    from hpctorch.host.folders import RANK_KEYS
+
+    assert set(standby.RANK_VARS) | {"LOCAL_RANK"} <= set(RANK_KEYS)

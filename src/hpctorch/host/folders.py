@@ -27,8 +27,12 @@ def stack_file(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{_host()}-{pid}.stack")
 
 
-RANK_KEYS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
-"""What ``rank_file`` holds."""
+RANK_KEYS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_RANK",
+             "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+             "TORCHELASTIC_MAX_RESTARTS")
+"""What ``rank_file`` holds: every variable a standby's start lacks (``start.standby.RANK_VARS``),
+and its local rank (its zygote's environment is local rank 0's): ``hpctorch stacks`` finds the
+job's nodes and store by them."""
 
 
 def rank_file(directory: str, pid: int) -> str:
