@@ -37,7 +37,6 @@ delays a beat.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from ..plan.types import Plan
 from ..terminal import printable
+from . import failures
 from .judge import Judge, StallWatch  # noqa: F401 - StallWatch: the starters build it from here
 from .keys import DONE, REPLACED, beat_key, stall_dump_keys
 from .stragglers import Watch
@@ -68,8 +68,6 @@ FINISHED, ABORTED = 1, 2
 aborts adds 2 (so any value from 2 up means aborted, whatever else happened)."""
 COLLECT_S = 3.0
 """How long node 0 waits for the other nodes' part of a stack dump."""
-FAILURES_READ = 16
-"""Failure records node 0 reads at the end, whatever N: to name the first failure in time."""
 
 
 class JobWatchdog:
@@ -157,7 +155,7 @@ class JobWatchdog:
         try:
             self._set_abort(store, summary)
             if at is not None:
-                self._record_failure(store, summary, at)
+                failures.record(store, self._seal, self.prefix, self.plan.node_rank, summary, at)
         except Exception:  # noqa: BLE001 - the store's host may be gone: said again at the end
             return False
         self._recorded = True
@@ -167,33 +165,6 @@ class JobWatchdog:
         key = self.prefix + "abort"
         store.set(key, self._seal.seal(key, reason))  # type: ignore[union-attr]  # set once authenticated; the reason first
         store.add(self._state_key, ABORTED)
-
-    def _record_failure(self, store, line: str, at: float) -> None:  # type: ignore[no-untyped-def]
-        """This node's failure and when, for node 0's closing line: numbered as they come, so node 0
-        reads the first few whatever N (the first failure in time is among the first reported; a
-        crash's consequences come after it). Before the ack: node 0 lingers for every node's."""
-        record = f"{self.prefix}failure/{store.add(self.prefix + 'failures', 1)}"
-        text = json.dumps({"node": self.plan.node_rank, "line": line, "at": at})
-        store.set(record, self._seal.seal(record, text))  # type: ignore[union-attr]
-
-    def _read_failures(self, store) -> dict[int, object]:  # type: ignore[no-untyped-def]
-        """The failure records this job wrote (the first ``FAILURES_READ``), by number: node 0 at
-        the end, a failed node once its own is in."""
-        from .authority import AuthError
-
-        count = min(int(store.add(self.prefix + "failures", 0)), FAILURES_READ)
-        keys = [f"{self.prefix}failure/{n}" for n in range(1, count + 1)]
-        if not keys or not store.check(keys):
-            return {}
-        records: dict[int, object] = {}
-        for n, (key, raw) in enumerate(zip(keys, store.multi_get(keys)), start=1):
-            try:
-                record = json.loads(self._seal.open(key, bytes(raw)).decode(errors="replace"))  # type: ignore[union-attr]
-            except (AuthError, ValueError):
-                continue  # not this job's: never named as its failure
-            if isinstance(record, dict):
-                records[n] = record
-        return records
 
     def _sealed_abort(self, store) -> str | None:  # type: ignore[no-untyped-def]
         """The abort's reason, when this job wrote it; None (said once) for one anyone else wrote:
@@ -247,12 +218,12 @@ class JobWatchdog:
                 if not self._recorded:
                     self._set_abort(store, value)
                     if failed_at is not None:
-                        self._record_failure(store, value, failed_at)
+                        failures.record(store, self._seal, self.prefix, self.plan.node_rank, value, failed_at)
                 self._ack(store)
                 if failed_at is not None and not self.plan.is_master:
-                    failures = self._read_failures(store)  # this node's line names an earlier failure elsewhere
-                    if failures:
-                        self.final["failures"] = failures
+                    recorded = failures.read(store, self._seal, self.prefix)  # this node's line names an earlier failure elsewhere
+                    if recorded:
+                        self.final["failures"] = recorded
             elif key is not None:
                 if self.stragglers is not None and value == DONE.decode():
                     self.stragglers.publish_final(store)  # before "done": node 0 reads every node's once all are done
@@ -262,9 +233,9 @@ class JobWatchdog:
             if self.plan.is_master:
                 self._linger(store)
                 self.final = self._read_final(store)
-                failures = self._read_failures(store)
-                if failures:
-                    self.final["failures"] = failures
+                recorded = failures.read(store, self._seal, self.prefix)
+                if recorded:
+                    self.final["failures"] = recorded
                 if self._judge is not None and self._judge.stalls:  # for the goodput: node 0's clock, as its attempts'
                     self.final["stalls"] = {self.plan.node_rank: [list(span) for span in self._judge.stalls]}
                 if self.stragglers is not None:
