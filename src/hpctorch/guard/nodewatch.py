@@ -107,16 +107,8 @@ class Helper:
             self._send({"failing": line, "at": at})
         except OSError:
             return
-        deadline = time.monotonic() + wait_s
-        while not self.recorded and time.monotonic() < deadline:
-            try:
-                message = self.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if message is None:
-                self.inbox.put(None)  # the helper's end, for end() to see too
-                break
-            self._take(message)
+        if self._read_until(lambda: self.recorded, time.monotonic() + wait_s) is None:
+            self.inbox.put(None)  # the helper's end, for end() to see too
 
     def end(self, how: str, line: str = "", stacks: tuple[list[dict], str | None] | None = None, wait_s: float = 15.0,
             at: float | None = None) -> dict:
@@ -136,17 +128,21 @@ class Helper:
             self._send({"end": how, "line": line, "at": at})
         except OSError:  # the helper is gone
             return {}
-        deadline = time.monotonic() + wait_s + (CONNECT_WAIT_S if not self.connected else 0)
-        while not self.final and time.monotonic() < deadline:
+        self._read_until(lambda: bool(self.final), time.monotonic() + wait_s + (CONNECT_WAIT_S if not self.connected else 0))
+        self._stop()
+        return self.final
+
+    def _read_until(self, done: Callable[[], bool], deadline: float) -> bool | None:
+        """The helper's messages, taken until ``done()`` or the deadline; None once the helper ended."""
+        while not done() and time.monotonic() < deadline:
             try:
                 message = self.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
             if message is None:
-                break
+                return None
             self._take(message)
-        self._stop()
-        return self.final
+        return done()
 
     def _send(self, message: dict) -> None:
         assert self.process.stdin is not None
