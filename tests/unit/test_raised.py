@@ -106,6 +106,35 @@ def test_an_exit_is_noted_to_the_millisecond_and_the_status_left_for_its_parent(
     assert noted is not None and 1.0 < noted <= time.time()
 
 
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no-pidfd"])
+def test_the_exit_of_a_worker_forked_by_another_process_is_noted_when_it_ends(monkeypatch: pytest.MonkeyPatch, pidfd: bool) -> None:
+    """A worker forked by the node's zygote is not this process's child (waitid cannot wait for it):
+    noted when it ends, not when it was first watched; on a kernel without pidfds too."""
+    import os
+    import subprocess
+    import time
+
+    from hpctorch.start import exits
+
+    if not pidfd:
+        monkeypatch.setattr(os, "pidfd_open", lambda _pid: (_ for _ in ()).throw(OSError(38, "pidfd_open: not implemented")), raising=False)
+    # Its child, a cat reading our pipe, outlives it: an orphan, ended when we close the pipe.
+    ending = subprocess.Popen(["sh", "-c", "exec 3<&0; cat <&3 >/dev/null & echo $!"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    pid = int(ending.stdout.readline())  # type: ignore[union-attr]
+    ending.stdout.close()  # type: ignore[union-attr]
+    assert ending.wait(timeout=60) == 0
+    exits.watch([pid])
+    time.sleep(0.2)  # not a wait for anything: a note taken at the watch (the bug) then reads earlier than ``closed``
+    closed = time.time()
+    assert exits.exited_at(pid) is None  # still running: it reads until we close
+    ending.stdin.close()  # type: ignore[union-attr]
+    deadline = time.monotonic() + 60
+    while exits.exited_at(pid) is None:
+        assert time.monotonic() < deadline, "the exit was never noted"
+        time.sleep(0.01)
+    assert exits.exited_at(pid) >= closed  # type: ignore[operator]  # when it ended, not when it was watched
+
+
 def test_a_rank_stopped_by_sigterm_never_outranks_a_rank_that_raised(tmp_path: Path) -> None:
     error = errors.ChildFailedError("train", {0: _failure(tmp_path, 0, -15, 99), 1: _failure(tmp_path, 1, 1, 101, 100.5)})
     assert first_failure(error)[0] == 1

@@ -37,13 +37,19 @@ def _wait(pid: int) -> None:
 
 
 def _wait_other(pid: int) -> None:
-    """Until ``pid``, not a child of this process, ends: a pidfd turns readable then. Gone already
-    (reaped): noted now, a little late."""
+    """Until ``pid``, not a child of this process, ends: a pidfd turns readable then (a kernel
+    without pidfds, before 5.3: its state, every 10 ms). Gone already (reaped): noted now, a little late."""
     import select
 
     try:
         descriptor = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
     except (AttributeError, OSError):
+        from .zygote import running
+
+        while running(pid):
+            time.sleep(0.01)
         return
     try:
         select.select([descriptor], [], [])

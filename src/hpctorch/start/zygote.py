@@ -61,7 +61,7 @@ class Forked:
 
     def _alive(self) -> bool:
         if self._pidfd is None:
-            return _alive(self.pid)
+            return running(self.pid)
         return not select.select([self._pidfd], [], [], 0)[0]  # readable once the process ended
 
     def settled(self, code: int) -> None:
@@ -95,7 +95,7 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Running: a zombie is not (whoever it was reparented to may never reap it: a container's init)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
