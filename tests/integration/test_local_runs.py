@@ -84,6 +84,32 @@ def test_one_nodes_workers_are_forked_from_one_import_of_torch(tmp_path: Path, f
     assert sorted(line for line in done.stderr.splitlines() if "err rank=" in line) == [f"[rank {r}]: err rank={r}" for r in range(3)]
 
 
+def test_a_stop_while_the_zygote_imports_torch_is_taken_at_once(tmp_path: Path) -> None:
+    """SIGTERM while the node's zygote still imports torch (here it never finishes: a slow shared
+    file system): hpctorch gives up waiting for it, stops, and leaves no process behind."""
+    import signal
+    import time
+
+    import psutil
+
+    (tmp_path / "sitecustomize.py").write_text("import sys, time\nif '--standby' in sys.argv:\n    time.sleep(600)\n")
+    (tmp_path / "who.py").write_text(WHO)
+    job = subprocess.Popen([sys.executable, "-m", "hpctorch", "run", "--nproc-per-node", "2", str(tmp_path / "who.py")],
+                           env=clean_env(PYTHONPATH=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120  # a hang guard
+        while not any("--standby" in c.cmdline() for c in psutil.Process(job.pid).children()):
+            assert time.monotonic() < deadline and job.poll() is None, "no zygote was started"
+            time.sleep(0.05)
+        zygote = next(c for c in psutil.Process(job.pid).children() if "--standby" in c.cmdline())
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=120)  # the zygote would have been waited for 300 s
+    finally:
+        job.kill()
+    assert job.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err.splitlines()[-1], err
+    assert not zygote.is_running() or zygote.status() == psutil.STATUS_ZOMBIE
+
+
 def test_workers_get_exactly_the_planned_environment() -> None:
     args = ("--nproc-per-node", "2", "--run-id", "envcheck")
     planned = json.loads(hpctorch("plan", "--json", *args, REPORT, env=clean_env()).stdout)

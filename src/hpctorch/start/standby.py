@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..guard.straggler_worker import modules_file
 from . import zygote as zygotes
@@ -186,13 +186,15 @@ class Standbys:
                     continue
             standby.stop()
 
-    def start_now(self, argv: Sequence[str], env: Mapping[str, str], given: Sequence[int]) -> subprocess.Popen | None:
+    def start_now(self, argv: Sequence[str], env: Mapping[str, str], given: Sequence[int],
+                  give_up: Callable[[], bool] = lambda: False) -> subprocess.Popen | None:
         """This worker, forked from the zygote and told to go at once, with ``given`` as its stdin,
-        stdout and stderr; None to start a process as before (not a Python worker, no zygote)."""
+        stdout and stderr; None to start a process as before (not a Python worker, no zygote, or
+        ``give_up()`` while the zygote imports)."""
         entry = _entry_index(argv)
         if entry is None or list(argv[entry + 1:entry + 2]) == ["--exec"]:
             return None  # another command: torch imported for it would be imported in vain
-        standby = self._forked(argv, env, None, given)
+        standby = self._forked(argv, env, None, given, give_up)
         if standby is None:
             return None
         if not standby.go(argv, env, None, None):
@@ -200,7 +202,8 @@ class Standbys:
             return None
         return standby.popen
 
-    def _forked(self, argv: Sequence[str], env: Mapping[str, str], modules: str | None, given: Sequence[int] = ()) -> Standby | None:
+    def _forked(self, argv: Sequence[str], env: Mapping[str, str], modules: str | None, given: Sequence[int] = (),
+                give_up: Callable[[], bool] = lambda: False) -> Standby | None:
         """A standby forked from the zygote for this interpreter and start-time environment (the
         first such standby starts it); None where no zygote can serve."""
         entry = _entry_index(argv)
@@ -214,7 +217,7 @@ class Standbys:
                     zygote = self.zygotes[key] = zygotes.Zygote(_command(argv, entry), _started(env, modules))
                 except OSError:
                     return None
-        popen = zygote.fork(_started(env, modules), given)
+        popen = zygote.fork(_started(env, modules), given, give_up)
         return Standby(popen, argv, env) if popen is not None else None  # type: ignore[arg-type]
 
     def stop(self) -> None:

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from ..errors import HpctorchError
@@ -239,7 +239,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
                 env.update({RESULT_ENV: files[2], WAIT_ENV: str(plan.rdzv_timeout + 60), **({AGREEMENT_ENV: files[1]} if local == 0 else {})})
                 if local == 0 and plan.is_master and masterport.held():  # rank 0 asks for the port this process serves
                     env.update(masterport.hand_over(files[0], plan.run_id, plan.rdzv_timeout + 60))
-            process = _start(command, env, forks)
+            process = _start(command, env, forks, lambda: bool(received))
             workers.append(process)
             output.follow(worker.rank, local, process.stdout, sys.stdout, "stdout.log")  # type: ignore[arg-type]
             output.follow(worker.rank, local, process.stderr, sys.stderr, "stderr.log")  # type: ignore[arg-type]
@@ -298,12 +298,13 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
         raise failure
 
 
-def _start(command: Sequence[str], env: dict[str, str], forks: standby.Standbys | None) -> subprocess.Popen:
-    """A worker, its output piped here: forked from the node's zygote where it can be, else started."""
-    if forks is not None:
+def _start(command: Sequence[str], env: dict[str, str], forks: standby.Standbys | None, stopping: Callable[[], bool]) -> subprocess.Popen:
+    """A worker, its output piped here: forked from the node's zygote where it can be, else started
+    (also once a stop signal came while the zygote imported: the wait then stops them at once)."""
+    if forks is not None and not stopping():
         pipes = [os.pipe(), os.pipe()]
         try:
-            process = forks.start_now(command, env, (0, pipes[0][1], pipes[1][1]))
+            process = forks.start_now(command, env, (0, pipes[0][1], pipes[1][1]), stopping)
         finally:
             for _, write in pipes:
                 os.close(write)

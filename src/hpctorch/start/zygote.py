@@ -29,7 +29,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 ENV = "HPCTORCH_STANDBY_ZYGOTE"
 NAME = "hpctorch-zygote"
@@ -127,8 +127,9 @@ class Zygote:
         self.gone = False
         threading.Thread(target=self._listen, name="hpctorch-zygote", daemon=True).start()
 
-    def fork(self, env: Mapping[str, str], given: Sequence[int] = ()) -> Forked | None:
-        """A standby with ``env``, forked; None where the zygote cannot (gone, or not ready in time).
+    def fork(self, env: Mapping[str, str], given: Sequence[int] = (), give_up: Callable[[], bool] = lambda: False) -> Forked | None:
+        """A standby with ``env``, forked; None where the zygote cannot (gone, not ready in time, or
+        ``give_up()`` while it waits: a stop asked for while torch imports from a slow file system).
         ``given``: the stdin, stdout and stderr it takes after its go (``wait_for_go``)."""
         message = json.dumps({"env": dict(env)}).encode()
         if self.gone or len(message) > MESSAGE_BYTES:
@@ -142,7 +143,7 @@ class Zygote:
                     return None
                 finally:
                     os.close(read)
-                pid = self._answer()
+                pid = self._answer(give_up)
             if pid is None:
                 return None
             forked = Forked(pid, os.fdopen(write, "wb"), self.command, self)
@@ -156,17 +157,17 @@ class Zygote:
             if write >= 0:
                 os.close(write)
 
-    def _answer(self) -> int | None:
+    def _answer(self, give_up: Callable[[], bool]) -> int | None:
         deadline = time.monotonic() + READY_S
         with self.changed:
-            while not self._answers and not self.gone:
+            while not self._answers and not self.gone and not give_up():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self.changed.wait(left)
+                self.changed.wait(min(left, 0.5))
             if self._answers:
                 return self._answers.pop(0)
-        self.close()  # never ready: standbys are started as their own processes from now on
+        self.close()  # never ready (or given up: an answer that came later would answer the next request)
         return None
 
     def _listen(self) -> None:
