@@ -7,7 +7,7 @@ siblings until it writes them.
   environment) with ``HPCTORCH_STANDBY_ZYGOTE`` naming its end of a Unix socket pair; it imports
   ahead as a standby does, then serves. Its name (``/proc/PID/comm``) is ``hpctorch-zygote``.
 - A fork: the agent sends the standby's environment and the read end of the standby's stdin pipe
-  (SCM_RIGHTS), and for a worker forked at once (``start.forked``) the stdin, stdout and stderr
+  (SCM_RIGHTS), and for a worker forked at once (``standby.Standbys.start_now``) the stdin, stdout and stderr
   it is to have after the go; the zygote forks; the child starts its own session, takes that pipe
   as stdin and that environment, and goes on as a standby; the zygote answers with the child's pid.
 - Preemption notices (SIGUSR1, SIGUSR2) are ignored by the zygote, whose children are workers: a
