@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,18 @@ def run_everywhere(cluster: Cluster, argv: list[str]) -> list[subprocess.Complet
         subprocess.Popen(cluster.on(node, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env())
         for node in cluster.names
     ]
-    results = []
+    deadline = time.monotonic() + 180  # a hang guard for the whole job
+    results: list[subprocess.CompletedProcess] = []
     for process in started:
-        out, err = process.communicate(timeout=180)
+        try:
+            out, err = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in started:
+                other.kill()
+            # Every node's output, not only the one that hung: the cause is often on another.
+            errors = [r.stderr for r in results] + [p.communicate()[1] for p in started[len(results):]]
+            pytest.fail("a node still ran after 180 s\n" + "\n".join(
+                f"--- {node}: exit {p.returncode}\n{(err or '')[-3000:]}" for node, p, err in zip(cluster.names, started, errors)))
         results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
     return results
 
