@@ -82,9 +82,9 @@ def test_a_balanced_job_names_nobody_and_off_leaves_no_trace(tmp_path) -> None: 
     done, summary = run(tmp_path, "--simulate-nodes", "2", "--nproc-per-node", "2", STEPS="200", PAUSE="0.03")
     assert straggler_lines(done) == [] and summary["stragglers_named"] == [], done.stderr[-3000:]
     assert len(summary["ranks"]) == 4 and all(row["collectives"] > 0 for row in summary["ranks"])
-    folder = f"/dev/shm/hpctorch-{os.getuid()}/stragglers"
-    before = set(os.listdir(folder)) if os.path.isdir(folder) else set()
-    done, summary = run(tmp_path, "--stragglers", "off", "--nproc-per-node", "2", SLOW_RANK="1", STEPS="100")
+    # Named by its run id (host.folders.stragglers_dir): other jobs on this machine may make theirs meanwhile.
+    folder, run_id = f"/dev/shm/hpctorch-{os.getuid()}/stragglers", f"stragglers-off-{os.getpid()}"
+    done, summary = run(tmp_path, "--stragglers", "off", "--run-id", run_id, "--nproc-per-node", "2", SLOW_RANK="1", STEPS="100")
     assert straggler_lines(done) == [] and "time inside collectives" not in done.stderr
     assert summary["ranks"] == []
-    assert (set(os.listdir(folder)) if os.path.isdir(folder) else set()) <= before  # no folder made, none left
+    assert not [name for name in (os.listdir(folder) if os.path.isdir(folder) else []) if name.startswith(run_id)]  # none made, none left
