@@ -84,6 +84,21 @@ def test_one_nodes_workers_are_forked_from_one_import_of_torch(tmp_path: Path, f
     assert sorted(line for line in done.stderr.splitlines() if "err rank=" in line) == [f"[rank {r}]: err rank={r}" for r in range(3)]
 
 
+def test_a_node_of_one_worker_starts_it_as_its_own_process(tmp_path: Path) -> None:
+    """One worker and no restarts: no zygote (it would import torch for one fork), so a script that
+    never imports torch costs no import of it; with two workers, the node's one import is the zygote's."""
+    (tmp_path / "sitecustomize.py").write_text(IMPORTS_TORCH)
+    (tmp_path / "plain.py").write_text("import os\nwith open(f'/proc/{os.getppid()}/comm') as p:\n    print('parent=' + p.read().strip(), flush=True)\n")
+    for count, parent, imported in (("1", "python", ""), ("2", "hpctorch-zygote", "_worker.py\n")):
+        imports = tmp_path / f"imports-{count}"
+        done = hpctorch("run", "--nproc-per-node", count, str(tmp_path / "plain.py"), env=clean_env(PYTHONPATH=str(tmp_path), TORCH_IMPORTS=str(imports)),
+                        timeout=300)
+        assert done.returncode == 0, done.stderr
+        parents = re.findall(r"parent=(\S+)", done.stdout)
+        assert len(parents) == int(count) and all(p.startswith(parent) for p in parents), (count, done.stdout)
+        assert (imports.read_text() if imports.exists() else "") == imported, (count, imports.read_text() if imports.exists() else "")
+
+
 def test_a_stop_while_the_zygote_imports_torch_is_taken_at_once(tmp_path: Path) -> None:
     """SIGTERM while the node's zygote still imports torch (here it never finishes: a slow shared
     file system): hpctorch gives up waiting for it, stops, and leaves no process behind."""

@@ -164,7 +164,8 @@ def run_per_node(
     straggle_dir = stragglers_env(os.environ, plan)  # type: ignore[arg-type]
     from . import standby
 
-    warm, fork = standby.enabled(os.environ, plan.max_restarts), standby.fork_enabled(os.environ)
+    warm = standby.enabled(os.environ, plan.max_restarts)
+    fork = standby.fork_enabled(os.environ, len(plan.workers), warm)
     standbys = standby.install(straggle_dir, warm=warm, fork=fork) if warm or fork else None
     _file_store_env(plan, os.environ)  # type: ignore[arg-type]
     specs = _logs_specs(plan, log_dir, tee or ("3" if prefix else None), redirects, console_ranks, local_ranks)

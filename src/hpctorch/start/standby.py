@@ -265,9 +265,13 @@ def enabled(env: Mapping[str, str], max_restarts: int) -> bool:
     return max_restarts > 0 and env.get(ENV, "1") != "0"
 
 
-def fork_enabled(env: Mapping[str, str]) -> bool:
-    """Workers forked at once from the node's zygote."""
-    return env.get(FORK_ENV, "1") != "0" and env.get(ENV) != "spawn" and hasattr(os, "fork") and hasattr(socket, "send_fds")
+def fork_enabled(env: Mapping[str, str], local_workers: int, warm: bool = False) -> bool:
+    """Workers forked at once from the node's zygote: where the node starts several (one import of
+    torch for them all) or keeps standbys (its zygote imports torch for them anyway). A node of one
+    worker and no restarts starts it as its own process: one import either way, none for a script
+    that never imports torch, and one process fewer."""
+    wanted = local_workers > 1 or warm
+    return wanted and env.get(FORK_ENV, "1") != "0" and env.get(ENV) != "spawn" and hasattr(os, "fork") and hasattr(socket, "send_fds")
 
 
 def install(directory: str | None, warm: bool = True, fork: bool = True) -> Standbys:

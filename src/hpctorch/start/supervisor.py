@@ -11,7 +11,8 @@ output with a copy per rank in the log directory (torch's layout), the first fai
 with the survivors' stacks, the others stopped (SIGTERM, SIGKILL after ``STOP_GRACE_S``),
 signals passed on, the closing summary. A Python command's workers are forked from one process
 that imported torch once for the node (``standby.Standbys.start_now``): one import per node, not
-one per local rank; ``HPCTORCH_FORK_WORKERS=0`` starts each as its own process.
+one per local rank (a node of one worker starts it as its own process: ``standby.fork_enabled``);
+``HPCTORCH_FORK_WORKERS=0`` starts each as its own process.
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ def run_node(plan: Plan, log_dir: str | None = None, prefix: bool = True, consol
     output = _Output(root, line_prefix(plan) if prefix else "", shown)
     has_lists = any(k in plan.common_env for k in ("HPCTORCH_CPU_SETS", "HPCTORCH_DEVICE_SETS"))
     workers: list[subprocess.Popen] = []
-    forks = standby.Standbys(None, warm=False, fork_now=True) if standby.fork_enabled(os.environ) else None
+    forks = standby.Standbys(None, warm=False, fork_now=True) if standby.fork_enabled(os.environ, len(plan.workers)) else None
     helper = stalled = watch_store = None
     attempt: Attempt | None = None
     received: list[int] = []
