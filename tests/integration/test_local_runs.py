@@ -96,7 +96,8 @@ def test_a_node_of_one_worker_starts_it_as_its_own_process(tmp_path: Path) -> No
         assert done.returncode == 0, done.stderr
         parents = re.findall(r"parent=(\S+)", done.stdout)
         assert len(parents) == int(count) and all(p.startswith(parent) for p in parents), (count, done.stdout)
-        assert (imports.read_text() if imports.exists() else "") == imported, (count, imports.read_text() if imports.exists() else "")
+        seen = imports.read_text() if imports.exists() else ""
+        assert seen == imported, (count, seen)
 
 
 def test_a_stop_while_the_zygote_imports_torch_is_taken_at_once(tmp_path: Path) -> None:
